@@ -1,0 +1,350 @@
+"""Overhead of watching a training: step time watched / step time plain.
+
+    python benchmarks/overhead.py                 # full: 7 rounds x 20 steps per config
+    python benchmarks/overhead.py --quick         # CI: 2 rounds x 4 steps, well under a minute
+    python benchmarks/overhead.py --models mlp,cnn --rounds 9 --steps 30 --markdown
+
+Every configuration trains the same model with the same AdamW optimizer in one process.
+Each round runs every configuration once for `--steps` steps, in an order rotated from
+round to round (plain, watched, references, ...), so that slow drift of the machine hits
+all configurations alike. A configuration's step time is the median over rounds of its
+mean step time in the round; a ratio is that median divided by the plain one. The
+`plain vs plain (control)` row times the plain loop twice per round: how far it is from
+1.00 is the noise floor of the run.
+
+Watched configurations keep one `watch()` object for the whole benchmark and re-enter it
+each round (a Watch is re-enterable and continues its run), so the run goes on across
+rounds as it would in a long training: reference captures stay sparse (steps 0, 1, 2, 4,
+8, 16, ...) and the warm-up covers the first ones. Only the training steps are timed,
+not entering or leaving the block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import gc
+import inspect
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import neuraldbg_nb  # noqa: E402
+
+# -- models --------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    key: str
+    title: str
+    model: nn.Module
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    opt: torch.optim.Optimizer = field(init=False)
+    _i: int = 0
+
+    def __post_init__(self) -> None:
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self._i = (self._i + 1) % len(self.batches)
+        return self.batches[self._i]
+
+
+def _classification(x: torch.Tensor, classes: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.randn_like(x), torch.randint(0, classes, (x.shape[0],))) for _ in range(n)]
+
+
+def make_mlp() -> Bench:
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(512, 10))
+    return Bench("mlp", "MLP 8x512", model, _classification(torch.empty(128, 512), 10),
+                 nn.functional.cross_entropy)
+
+
+def make_cnn() -> Bench:
+    def block(cin: int, cout: int) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    model = nn.Sequential(
+        *block(3, 32), *block(32, 32), nn.MaxPool2d(2),
+        *block(32, 64), *block(64, 64), nn.MaxPool2d(2),
+        *block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    return Bench("cnn", "CNN+BN 32x32", model, _classification(torch.empty(32, 3, 32, 32), 10),
+                 nn.functional.cross_entropy)
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int = 1024, d: int = 192, layers: int = 4, seq: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(torch.randn(seq, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, nhead=4, dim_feedforward=4 * d, dropout=0.0,
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        h = self.encoder(h, mask=self.mask, is_causal=True)
+        return self.head(self.norm(h))
+
+
+def make_transformer() -> Bench:
+    vocab, seq, batch = 1024, 64, 16
+    data = []
+    for _ in range(4):
+        t = torch.randint(0, vocab, (batch, seq + 1))
+        data.append((t[:, :-1].contiguous(), t[:, 1:].contiguous()))
+
+    def loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    return Bench("transformer", "transformer 4xd192", TinyLM(vocab, seq=seq), data, loss_fn)
+
+
+def make_deep() -> Bench:
+    layers: list[nn.Module] = []
+    for _ in range(100):
+        lin = nn.Linear(128, 128)
+        nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
+        nn.init.zeros_(lin.bias)
+        layers += [lin, nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(128, 10))
+    return Bench("deep", "MLP 100x128", model, _classification(torch.empty(128, 128), 10),
+                 nn.functional.cross_entropy)
+
+
+MODELS: dict[str, Callable[[], Bench]] = {
+    "mlp": make_mlp, "cnn": make_cnn, "transformer": make_transformer, "deep": make_deep}
+
+# -- configurations ------------------------------------------------------------------
+
+
+def step(b: Bench) -> torch.Tensor:
+    x, y = b.batch()
+    b.opt.zero_grad(set_to_none=True)
+    loss = b.loss_fn(b.model(x), y)
+    loss.backward()
+    b.opt.step()
+    return loss
+
+
+def step_item_norms(b: Bench) -> dict[str, float]:
+    """The seed tool's style: one `.item()` per parameter after backward."""
+    x, y = b.batch()
+    b.opt.zero_grad(set_to_none=True)
+    loss = b.loss_fn(b.model(x), y)
+    loss.backward()
+    norms: dict[str, float] = {}
+    for name, p in b.model.named_parameters():
+        if p.grad is not None:
+            norms[name] = p.grad.norm().item()
+    b.opt.step()
+    return norms
+
+
+def gradients_only_kwargs() -> tuple[dict[str, object], str | None]:
+    """watch() arguments that turn activation statistics off, and a footnote when the
+    API has no such mode and the benchmark falls back to a very large sample_every."""
+    params = inspect.signature(neuraldbg_nb.watch).parameters
+    if "activations" in params:
+        return {"activations": False}, None
+    if "gradients_only" in params:
+        return {"gradients_only": True}, None
+    return {"sample_every": 10**9}, (
+        "watch() has no gradients-only mode: this row is watch(model, sample_every=10**9), "
+        "i.e. no sampled (rich) activation statistics after the first step; the per-step "
+        "cheap path (one aminmax per layer output, input-batch stats, weight norms) and "
+        "detection still run.")
+
+
+@dataclass
+class Config:
+    key: str
+    label: str
+    step: Callable[[Bench], object]
+    context: Callable[[Bench], contextlib.AbstractContextManager] | None = None
+    watch_kwargs: dict[str, object] | None = None
+    runs: dict[str, neuraldbg_nb.Run] = field(default_factory=dict)
+    watches: dict[str, object] = field(default_factory=dict)
+
+    def enter(self, b: Bench) -> contextlib.AbstractContextManager:
+        if self.watch_kwargs is not None:
+            w = self.watches.get(b.key)
+            if w is None:
+                w = self.watches[b.key] = neuraldbg_nb.watch(b.model, report=False,
+                                                             **self.watch_kwargs)
+            return w
+        if self.context is not None:
+            return self.context(b)
+        return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def anomaly(_: Bench) -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autograd.detect_anomaly():
+            yield
+
+
+def configs() -> tuple[list[Config], list[str]]:
+    grad_kw, grad_note = gradients_only_kwargs()
+    notes = []
+    grad_label = "neuraldbg gradients only"
+    if grad_note:
+        grad_label += " [1]"
+        notes.append(f"[1] {grad_note}")
+    return [
+        Config("plain", "plain", step),
+        Config("control", "plain vs plain (control)", step),
+        Config("default", "neuraldbg default", step, watch_kwargs={}),
+        Config("grads", grad_label, step, watch_kwargs=grad_kw),
+        Config("sample1", "neuraldbg sample_every=1", step, watch_kwargs={"sample_every": 1}),
+        Config("item", "ref: per-param .item() grad norms", step_item_norms),
+        Config("anomaly", "ref: torch.autograd.detect_anomaly()", step, context=anomaly),
+    ], notes
+
+
+def run_block(b: Bench, c: Config, steps: int) -> float:
+    """Seconds per step for `steps` steps of config c (inside its context, not counting
+    entering or leaving it)."""
+    gc.collect()
+    with c.enter(b) as run:
+        if run is not None:
+            c.runs[b.key] = run
+        step_fn = c.step
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step_fn(b)
+        t1 = time.perf_counter()
+    return (t1 - t0) / steps
+
+
+# -- main ----------------------------------------------------------------------------
+
+
+def fmt_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        out += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(out)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(  # noqa: E731
+        (s.ljust(w) if i == 0 else s.rjust(w)) for i, (s, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short run for CI (2 rounds x 4 steps)")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"comma-separated, from {','.join(MODELS)} (default: all)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 7, quick 2)")
+    ap.add_argument("--steps", type=int, help="timed steps per config per round (default 20, quick 4)")
+    ap.add_argument("--warmup", type=int, help="untimed steps per config first (default 10, quick 2)")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    ap.add_argument("--markdown", action="store_true", help="print markdown tables")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 7)
+    steps = args.steps or (4 if args.quick else 20)
+    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 10)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    md = args.markdown
+    cmd = "python " + " ".join(shlex.quote(a) for a in (
+        sys.argv if argv is None else ["benchmarks/overhead.py", *argv]))
+    print(f"command: {cmd}")
+    print(f"machine: {platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__}")
+    print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3")
+    print(flush=True)
+
+    cfgs, notes = configs()
+    benches = {k: MODELS[k]() for k in keys}
+    times: dict[str, dict[str, list[float]]] = {k: {c.key: [] for c in cfgs} for k in keys}
+    t_start = time.perf_counter()
+    for k, b in benches.items():
+        for c in cfgs:  # warm-up: allocator, first-call paths, the watch's first steps
+            run_block(b, c, warmup)
+        for r in range(rounds):
+            order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
+            for c in order:
+                times[k][c.key].append(run_block(b, c, steps))
+        med = statistics.median(times[k]["plain"]) * 1e3
+        print(f"  {b.title}: plain {med:.1f} ms/step "
+              f"({time.perf_counter() - t_start:.0f} s so far)", file=sys.stderr, flush=True)
+
+    header = ["ratio watched/plain (median)"] + [benches[k].title for k in keys]
+    rows = [["plain step time (ms, median)"] +
+            [f"{statistics.median(times[k]['plain']) * 1e3:.1f}" for k in keys]]
+    spread = []
+    for c in cfgs[1:]:
+        row, srow = [c.label], [c.label]
+        for k in keys:
+            plain = times[k]["plain"]
+            mine = times[k][c.key]
+            row.append(f"{statistics.median(mine) / statistics.median(plain):.2f}")
+            paired = sorted(m / p for m, p in zip(mine, plain))
+            srow.append(f"{paired[0]:.2f}-{paired[-1]:.2f}")
+        rows.append(row)
+        spread.append(srow)
+    print(fmt_table(header, rows, md))
+    print()
+    print(fmt_table(["per-round paired ratio, min-max"] + header[1:], spread, md))
+    print()
+
+    # trace memory and events of the default-settings run
+    default = next(c for c in cfgs if c.key == "default")
+    mem = [["trace bytes per layer-step (default)"], ["layers watched"], ["steps recorded"],
+           ["events (default run)"]]
+    for k in keys:
+        run = default.runs[k]
+        tr = run.trace
+        n = tr.n_steps * tr.n_layers
+        mem[0].append(f"{tr.nbytes / n:.1f}" if n else "n/a")
+        mem[1].append(str(tr.n_layers))
+        mem[2].append(str(tr.n_steps))
+        ev = run.events
+        errors = sum(e.severity == "error" for e in ev)
+        mem[3].append(f"{len(ev)} ({errors} error)")
+    print(fmt_table(["trace"] + header[1:], mem, md))
+    print()
+    notes.append("Ratios: median over rounds of each config's mean step time, divided by the "
+                 "plain loop's median. Paired ratios: each round's config time / the same "
+                 "round's plain time.")
+    for n in notes:
+        print(n)
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

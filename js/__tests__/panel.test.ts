@@ -1,0 +1,254 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import widget, { RECLASSIFY_TIMEOUT_MS } from "../index";
+import { ROW_HEIGHT } from "../heatmap";
+import type { PanelEvent, PanelTraits } from "../model";
+import { SAVE_DEBOUNCE_MS } from "../sync";
+import { FakeModel, f32, u8 } from "./fake-model";
+
+const LAYERS = ["embed", "encoder.layers.0.linear1", "encoder.layers.0.linear2", "head"];
+const COLS = 10;
+
+const EVENTS: PanelEvent[] = [
+  { id: 1, step: 42, layer: "encoder.layers.0.linear1", kind: "regime_shift", severity: "error", message: "encoder.layers.0.linear1: activations jumped 240x at step 42", symptom_of: null },
+  { id: 2, step: 44, layer: "head", kind: "exploding_gradient", severity: "error", message: "head: gradient norm 3e4 at step 44", symptom_of: 1 },
+  { id: 3, step: 45, layer: "embed", kind: "exploding_gradient", severity: "error", message: "embed: gradient norm 5e3 at step 45", symptom_of: 1 },
+  { id: 4, step: 70, layer: null, kind: "loss_divergence", severity: "warning", message: "loss rose 20x at step 70", symptom_of: null },
+];
+
+function traits(): PanelTraits {
+  const map = new Array(LAYERS.length * COLS).fill(1);
+  map[1 * COLS + 4] = 3; // encoder.layers.0.linear1, steps 40-49
+  map[3 * COLS + 4] = 2;
+  return {
+    layers: LAYERS,
+    status: "stopped",
+    step: 100,
+    loss: f32([2.3, 2.1, 1.9, Number.NaN, 1.7]),
+    map: u8(map),
+    map_cols: COLS,
+    map_steps: [0, 100],
+    map_values: f32(new Array(LAYERS.length * COLS).fill(-2)),
+    map_act: f32(new Array(LAYERS.length * COLS).fill(Number.NaN)),
+    markers: [{ row: 1, step: 42, kind: "regime_shift", severity: "error" }],
+    first_failure: { id: 1, step: 42, layer: "encoder.layers.0.linear1", kind: "regime_shift", severity: "error", message: EVENTS[0]!.message },
+    events: EVENTS,
+    thresholds: { vanish: 1e-6, explode: 1e3, jump: 10, dead: 0.5, saturated: 0.5 },
+    selected: null,
+    inspector_html: "",
+    message: "click an event to inspect it",
+  };
+}
+
+let model: FakeModel;
+let el: HTMLElement;
+let cleanup: () => void;
+
+function $(selector: string): HTMLElement {
+  const node = el.querySelector<HTMLElement>(selector);
+  if (!node) throw new Error(`no ${selector}`);
+  return node;
+}
+
+function mount(values: Partial<PanelTraits> = {}): void {
+  model = new FakeModel({ ...traits(), ...values });
+  el = document.createElement("div");
+  document.body.appendChild(el);
+  cleanup = widget.render({ model: model.asModel(), el });
+}
+
+beforeEach(() => {
+  vi.useFakeTimers({ toFake: ["setTimeout", "clearTimeout", "requestAnimationFrame", "cancelAnimationFrame", "performance"] });
+});
+
+afterEach(() => {
+  cleanup?.();
+  el?.remove();
+  vi.useRealTimers();
+});
+
+describe("render", () => {
+  it("draws header, map, first failure, feed and sliders from the traits at once", () => {
+    mount();
+    expect($(".ndbg-panel").querySelector("style")!.textContent).toContain(".ndbg-panel");
+    expect($(".ndbg-status").textContent).toBe("stopped at failure");
+    expect($(".ndbg-status").classList.contains("ndbg-status-stopped")).toBe(true);
+    expect($(".ndbg-step").textContent).toBe("step 100");
+    expect($(".ndbg-loss-value").textContent).toBe("1.7");
+    expect(el.querySelectorAll(".ndbg-sparkline-nan")).toHaveLength(1);
+    expect($(".ndbg-message").textContent).toBe("click an event to inspect it");
+    expect(el.querySelectorAll(".ndbg-map-label")).toHaveLength(4);
+    expect($(".ndbg-first-failure").hidden).toBe(false);
+    expect($(".ndbg-first-failure").textContent).toContain("jumped 240x at step 42");
+    expect($(".ndbg-panel").dataset.drawMs).toMatch(/^\d+\.\d\d$/);
+    expect($(".ndbg-panel").dataset.status).toBe("stopped");
+    expect($(".ndbg-inspector").hidden).toBe(true);
+    for (const key of ["vanish", "explode", "jump", "dead", "saturated"]) {
+      expect(el.querySelector(`.ndbg-slider-${key}`)).not.toBeNull();
+    }
+  });
+
+  it("groups symptoms under their cause in the feed", () => {
+    mount();
+    const groups = el.querySelectorAll(".ndbg-group");
+    expect(groups).toHaveLength(2);
+    expect(groups[0]!.querySelectorAll(".ndbg-symptom")).toHaveLength(2);
+    expect(groups[0]!.querySelector(".ndbg-cause")!.classList.contains("ndbg-is-first")).toBe(true);
+    expect(el.querySelectorAll(".ndbg-event")).toHaveLength(4);
+  });
+
+  it("clicking a feed event sets `selected`, saves it and opens the inspector waiting", () => {
+    mount();
+    el.querySelector<HTMLElement>('.ndbg-event[data-id="2"] .ndbg-event-message')!.click();
+    expect(model.values.selected).toEqual({ layer: "head", step: 44 });
+    expect(model.saves).toBe(0);
+    vi.advanceTimersByTime(SAVE_DEBOUNCE_MS);
+    expect(model.saves).toBe(1);
+    expect(model.saved[0]).toEqual({ selected: { layer: "head", step: 44 } });
+    expect($(".ndbg-inspector").hidden).toBe(false);
+    expect($(".ndbg-inspector-status").textContent).toMatch(/waiting/);
+    vi.advanceTimersByTime(20); // a frame
+    expect($('.ndbg-event[data-id="2"]').classList.contains("ndbg-selected")).toBe(true);
+  });
+
+  it("clicking the first failure selects its layer and step", () => {
+    mount();
+    $(".ndbg-first-failure").click();
+    expect(model.values.selected).toEqual({ layer: "encoder.layers.0.linear1", step: 42 });
+  });
+
+  it("the keyboard selects a focused event", () => {
+    mount();
+    $('.ndbg-event[data-id="4"]').dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+    expect(model.values.selected).toEqual({ layer: null, step: 70 });
+  });
+
+  it("clicking a map cell selects the row's layer and the worst step of the bucket", () => {
+    mount();
+    const canvas = $(".ndbg-map-canvas");
+    // 600 px fallback width, 10 columns: x = 250 is column 4 (steps 40-49); row 1.
+    canvas.dispatchEvent(new MouseEvent("click", { clientX: 250, clientY: ROW_HEIGHT + 2, bubbles: true }));
+    expect(model.values.selected).toEqual({ layer: "encoder.layers.0.linear1", step: 42 });
+    // A bucket without events: its center step.
+    canvas.dispatchEvent(new MouseEvent("click", { clientX: 5, clientY: 2, bubbles: true }));
+    expect(model.values.selected).toEqual({ layer: "embed", step: 4 });
+    vi.advanceTimersByTime(SAVE_DEBOUNCE_MS);
+    expect(model.saves).toBe(1);
+  });
+
+  it("hovering a cell shows a tooltip with layer, steps, state and values", () => {
+    mount();
+    const canvas = $(".ndbg-map-canvas");
+    canvas.dispatchEvent(new MouseEvent("mousemove", { clientX: 250, clientY: ROW_HEIGHT + 2, bubbles: true }));
+    const tip = $(".ndbg-tooltip");
+    expect(tip.hidden).toBe(false);
+    expect(tip.textContent).toContain("encoder.layers.0.linear1");
+    expect(tip.textContent).toContain("steps 40\u201349");
+    expect(tip.textContent).toContain("state: error");
+    expect(tip.textContent).toContain("grad norm: 0.01");
+    expect(tip.textContent).toContain("act |max|: \u2014");
+    expect(tip.textContent).toContain("regime_shift at step 42");
+    canvas.dispatchEvent(new MouseEvent("mouseleave"));
+    expect(tip.hidden).toBe(true);
+  });
+
+  it("a slider release sends thresholds and shows reclassifying until Python answers", () => {
+    mount();
+    const input = el.querySelector<HTMLInputElement>(".ndbg-slider-explode")!;
+    input.value = "1000";
+    input.dispatchEvent(new Event("input"));
+    expect($(".ndbg-slider-value-explode").textContent).toBe("1e8");
+    expect(model.values.thresholds!.explode).toBe(1e3);
+    input.dispatchEvent(new Event("change"));
+    expect(model.values.thresholds!.explode).toBe(1e8);
+    expect($(".ndbg-reclassifying").hidden).toBe(false);
+    expect($(".ndbg-panel").dataset.reclassifying).toBe("true");
+    vi.advanceTimersByTime(SAVE_DEBOUNCE_MS);
+    expect(model.saved).toEqual([{ thresholds: { ...traits().thresholds, explode: 1e8 } }]);
+    // Python answers with new events.
+    model.update("events", EVENTS.slice(0, 1));
+    expect($(".ndbg-reclassifying").hidden).toBe(true);
+    vi.advanceTimersByTime(20);
+    expect(el.querySelectorAll(".ndbg-event")).toHaveLength(1);
+  });
+
+  it("gives up the reclassifying state when Python does not answer", () => {
+    mount();
+    const input = el.querySelector<HTMLInputElement>(".ndbg-slider-dead")!;
+    input.value = "0";
+    input.dispatchEvent(new Event("change"));
+    expect($(".ndbg-reclassifying").hidden).toBe(false);
+    vi.advanceTimersByTime(RECLASSIFY_TIMEOUT_MS);
+    expect($(".ndbg-reclassifying").hidden).toBe(true);
+  });
+
+  it("coalesces changes into one frame", () => {
+    mount({ status: "training", step: 0 });
+    for (let s = 1; s <= 20; s++) model.update("step", s);
+    expect($(".ndbg-step").textContent).toBe("step 0");
+    vi.advanceTimersByTime(20);
+    expect($(".ndbg-step").textContent).toBe("step 20");
+    model.update("status", "finished");
+    vi.advanceTimersByTime(20);
+    expect($(".ndbg-status").textContent).toBe("finished");
+  });
+
+  it("redraws the map when the map changes, and records the draw time", () => {
+    mount();
+    const panel = $(".ndbg-panel");
+    delete panel.dataset.drawMs;
+    model.update("map", u8(new Array(LAYERS.length * COLS).fill(3)));
+    vi.advanceTimersByTime(20);
+    expect(panel.dataset.drawMs).toBeDefined();
+    model.update("layers", [...LAYERS, "extra"]);
+    vi.advanceTimersByTime(20);
+    expect(el.querySelectorAll(".ndbg-map-label")).toHaveLength(5);
+  });
+
+  it("shows the inspector HTML from Python and closes it", () => {
+    mount();
+    $('.ndbg-event[data-id="1"]').click();
+    model.update("inspector_html", '<div class="probe">weights of linear1</div>');
+    vi.advanceTimersByTime(20);
+    expect($(".ndbg-inspector").hidden).toBe(false);
+    expect($(".ndbg-inspector-body .probe").textContent).toBe("weights of linear1");
+    expect($(".ndbg-inspector-status").textContent).toBe("");
+    $(".ndbg-inspector-close").click();
+    expect($(".ndbg-inspector").hidden).toBe(true);
+    expect(model.values.selected).toBeNull();
+    // Reopening the same selection shows its HTML without waiting for the kernel.
+    $('.ndbg-event[data-id="1"]').click();
+    expect($(".ndbg-inspector").hidden).toBe(false);
+    expect($(".ndbg-inspector-status").textContent).toBe("");
+  });
+
+  it("caps a long feed with a line that shows more", () => {
+    const events = Array.from({ length: 500 }, (_, i): PanelEvent => ({
+      id: i, step: i, layer: "head", kind: "saturation", severity: "warning", message: `m${i}`, symptom_of: null,
+    }));
+    mount({ events, first_failure: null });
+    expect(el.querySelectorAll(".ndbg-event")).toHaveLength(200);
+    expect($(".ndbg-feed-more").textContent).toContain("300 more");
+    $(".ndbg-feed-more").click();
+    expect(el.querySelectorAll(".ndbg-event")).toHaveLength(400);
+    expect($(".ndbg-first-failure").hidden).toBe(true);
+  });
+
+  it("survives empty traits (a panel created before the first step)", () => {
+    mount({
+      layers: [], step: 0, status: "training", loss: null, map: null, map_cols: 0, map_steps: [0, 0],
+      map_values: null, map_act: null, markers: [], first_failure: null, events: [], message: "",
+    });
+    expect($(".ndbg-feed-empty").textContent).toBe("no events yet");
+    expect($(".ndbg-loss-value").textContent).toBe("\u2014");
+    expect($(".ndbg-map").classList.contains("ndbg-map-is-empty")).toBe(true);
+  });
+
+  it("cleans up its listeners", () => {
+    mount();
+    expect(model.listenerCount()).toBeGreaterThan(0);
+    cleanup();
+    expect(model.listenerCount()).toBe(0);
+    expect(el.querySelector(".ndbg-panel")).toBeNull();
+    cleanup = () => {};
+  });
+});

@@ -1,0 +1,5 @@
+/** esbuild (`--loader:.css=text`) and vitest (vitest.config.ts) import CSS as its text. */
+declare module "*.css" {
+  const css: string;
+  export default css;
+}

@@ -1,0 +1,217 @@
+/**
+ * The first failure, pinned in one sentence, and the event feed: causes in step order with
+ * their symptoms grouped under them. Long feeds render only their latest rows.
+ */
+import type { FirstFailure, PanelEvent, Selection, Snapshot } from "./model";
+
+/** Rows rendered at most (causes + symptoms); earlier groups collapse into one line. */
+export const FEED_CAP = 200;
+/** Symptoms shown under one cause at most. */
+export const SYMPTOM_CAP = 20;
+
+export interface FeedGroup {
+  cause: PanelEvent;
+  symptoms: PanelEvent[];
+  /** Symptoms of this cause not rendered. */
+  moreSymptoms: number;
+}
+
+export interface FeedLayout {
+  groups: FeedGroup[];
+  /** Events in earlier groups not rendered. */
+  hidden: number;
+}
+
+/** The root cause an event descends from through `symptom_of`, or the event itself. */
+function rootOf(ev: PanelEvent, byId: Map<number, PanelEvent>): PanelEvent {
+  let cur = ev;
+  for (let hops = 0; cur.symptom_of !== null && hops < 64; hops++) {
+    const cause = byId.get(cur.symptom_of);
+    if (!cause || cause === cur) break;
+    cur = cause;
+  }
+  return cur;
+}
+
+export function buildFeed(events: readonly PanelEvent[], cap = FEED_CAP, symptomCap = SYMPTOM_CAP): FeedLayout {
+  const byId = new Map<number, PanelEvent>();
+  for (const ev of events) byId.set(ev.id, ev);
+  const groups = new Map<PanelEvent, PanelEvent[]>();
+  for (const ev of events) {
+    const root = rootOf(ev, byId);
+    let symptoms = groups.get(root);
+    if (!symptoms) {
+      symptoms = [];
+      groups.set(root, symptoms);
+    }
+    if (root !== ev) symptoms.push(ev);
+  }
+  const all = [...groups.entries()];
+  const out: FeedGroup[] = [];
+  let rows = 0;
+  let shownEvents = 0;
+  for (let i = all.length - 1; i >= 0; i--) {
+    const [cause, symptoms] = all[i]!;
+    const shown = symptoms.slice(0, symptomCap);
+    const cost = 1 + shown.length + (symptoms.length > shown.length ? 1 : 0);
+    if (out.length > 0 && rows + cost > cap) break;
+    rows += cost;
+    shownEvents += 1 + symptoms.length;
+    out.push({ cause, symptoms: shown, moreSymptoms: symptoms.length - shown.length });
+  }
+  out.reverse();
+  return { groups: out, hidden: events.length - shownEvents };
+}
+
+export function isSelected(ev: { layer: string | null; step: number }, sel: Selection | null): boolean {
+  return sel !== null && sel.layer === ev.layer && sel.step === ev.step;
+}
+
+export interface FeedView {
+  readonly el: HTMLElement;
+  update(snap: Snapshot): void;
+}
+
+export interface FeedOptions {
+  onSelect(selection: Selection): void;
+}
+
+function span(className: string, text: string): HTMLSpanElement {
+  const s = document.createElement("span");
+  s.className = className;
+  s.textContent = text;
+  return s;
+}
+
+function eventRow(ev: PanelEvent, symptom: boolean, snap: Snapshot): HTMLElement {
+  const row = document.createElement("div");
+  row.className = `ndbg-event ${symptom ? "ndbg-symptom" : "ndbg-cause"} ndbg-sev-${ev.severity}`;
+  if (snap.firstFailure?.id === ev.id) row.classList.add("ndbg-is-first");
+  if (isSelected(ev, snap.selected)) row.classList.add("ndbg-selected");
+  row.dataset.id = String(ev.id);
+  row.dataset.step = String(ev.step);
+  if (ev.layer !== null) row.dataset.layer = ev.layer;
+  row.tabIndex = 0;
+  row.setAttribute("role", "button");
+  row.title = `${ev.layer ?? "data / loss"} \u00b7 step ${ev.step} \u00b7 click to inspect`;
+  row.append(
+    span("ndbg-sev-dot", ""),
+    span("ndbg-event-step", String(ev.step)),
+    span("ndbg-event-kind", ev.kind),
+    span("ndbg-event-message", ev.message),
+  );
+  return row;
+}
+
+export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView {
+  const first = document.createElement("div");
+  first.className = "ndbg-first-failure";
+  first.hidden = true;
+  first.tabIndex = 0;
+  first.setAttribute("role", "button");
+  const firstLabel = span("ndbg-first-failure-label", "first failure");
+  const firstText = span("ndbg-first-failure-message", "");
+  first.append(firstLabel, firstText);
+
+  const feed = document.createElement("div");
+  feed.className = "ndbg-feed";
+  feed.setAttribute("role", "list");
+  parent.append(first, feed);
+
+  let snap: Snapshot | null = null;
+  let shownFirst: FirstFailure | null = null;
+  let cap = FEED_CAP;
+  let byId = new Map<number, PanelEvent>();
+
+  function select(ev: { layer: string | null; step: number }): void {
+    options.onSelect({ layer: ev.layer, step: ev.step });
+  }
+
+  function render(): void {
+    if (!snap) return;
+    const s = snap;
+    shownFirst = s.firstFailure;
+    first.hidden = shownFirst === null;
+    if (shownFirst) {
+      first.className = `ndbg-first-failure ndbg-sev-${shownFirst.severity}`;
+      first.classList.toggle("ndbg-selected", isSelected(shownFirst, s.selected));
+      first.dataset.id = String(shownFirst.id);
+      first.dataset.step = String(shownFirst.step);
+      firstText.textContent = shownFirst.message;
+      first.title = "click to inspect";
+    }
+
+    byId = new Map(s.events.map((ev) => [ev.id, ev]));
+    const atBottom = feed.scrollHeight - feed.scrollTop - feed.clientHeight < 8;
+    const layout = buildFeed(s.events, cap);
+    const nodes: HTMLElement[] = [];
+    if (layout.hidden > 0) {
+      const more = document.createElement("button");
+      more.type = "button";
+      more.className = "ndbg-feed-more";
+      more.textContent = `${layout.hidden} more earlier event${layout.hidden === 1 ? "" : "s"} (show)`;
+      nodes.push(more);
+    }
+    for (const g of layout.groups) {
+      const group = document.createElement("div");
+      group.className = "ndbg-group";
+      group.setAttribute("role", "listitem");
+      group.appendChild(eventRow(g.cause, false, s));
+      if (g.symptoms.length) {
+        const list = document.createElement("div");
+        list.className = "ndbg-symptoms";
+        for (const ev of g.symptoms) list.appendChild(eventRow(ev, true, s));
+        if (g.moreSymptoms > 0) {
+          list.appendChild(span("ndbg-symptoms-more", `+${g.moreSymptoms} more symptom${g.moreSymptoms === 1 ? "" : "s"}`));
+        }
+        group.appendChild(list);
+      }
+      nodes.push(group);
+    }
+    if (s.events.length === 0) {
+      const text = s.status === "training" ? "no events yet" : "no events: every layer stayed healthy";
+      nodes.push(span("ndbg-feed-empty", text));
+    }
+    feed.replaceChildren(...nodes);
+    if (atBottom) feed.scrollTop = feed.scrollHeight;
+  }
+
+  function eventOf(target: EventTarget | null): PanelEvent | null {
+    const row = target instanceof Element ? target.closest<HTMLElement>(".ndbg-event") : null;
+    return row ? (byId.get(Number(row.dataset.id)) ?? null) : null;
+  }
+
+  feed.addEventListener("click", (e) => {
+    if (e.target instanceof Element && e.target.closest(".ndbg-feed-more")) {
+      cap += FEED_CAP;
+      render();
+      return;
+    }
+    const ev = eventOf(e.target);
+    if (ev) select(ev);
+  });
+  feed.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" && e.key !== " ") return;
+    const ev = eventOf(e.target);
+    if (!ev) return;
+    e.preventDefault();
+    select(ev);
+  });
+  first.addEventListener("click", () => {
+    if (shownFirst) select(shownFirst);
+  });
+  first.addEventListener("keydown", (e) => {
+    if ((e.key === "Enter" || e.key === " ") && shownFirst) {
+      e.preventDefault();
+      select(shownFirst);
+    }
+  });
+
+  return {
+    el: feed,
+    update(next) {
+      snap = next;
+      render();
+    },
+  };
+}

@@ -1,0 +1,153 @@
+/**
+ * The neuraldbg panel (anywidget front end). Wires the model to the views: every trait
+ * change marks what it affects, and one requestAnimationFrame a frame updates only that.
+ * Writes to Python go through the one debounced sync helper.
+ */
+import type { RenderProps } from "@anywidget/types";
+import { pickStep } from "./bucketing";
+import { createFeed } from "./feed";
+import { createHeader } from "./header";
+import { createHeatmap, type Cell } from "./heatmap";
+import { createInspector } from "./inspector";
+import { snapshot, TRAITS, type PanelTraits, type Selection, type Thresholds, type TraitName } from "./model";
+import css from "./panel.css";
+import { createSliders } from "./sliders";
+import { createPythonSync } from "./sync";
+
+/** Traits whose change means Python answered a thresholds change. */
+const RECLASSIFIED: ReadonlySet<TraitName> = new Set<TraitName>(["events", "map", "markers", "first_failure", "message"]);
+/** Stop showing "reclassifying..." after this long without an answer. */
+export const RECLASSIFY_TIMEOUT_MS = 10_000;
+
+const HEADER: readonly TraitName[] = ["status", "step", "loss"];
+const MAP: readonly TraitName[] = ["layers", "map", "map_cols", "map_steps", "map_values", "map_act", "markers", "selected"];
+const FEED: readonly TraitName[] = ["events", "first_failure", "selected", "status"];
+
+function touches(changed: ReadonlySet<TraitName>, traits: readonly TraitName[]): boolean {
+  return traits.some((t) => changed.has(t));
+}
+
+export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): () => void {
+  const root = document.createElement("div");
+  root.className = "ndbg-panel";
+  const style = document.createElement("style");
+  style.textContent = css;
+  root.appendChild(style);
+  el.appendChild(root);
+
+  const sync = createPythonSync(model);
+  const first = snapshot(model);
+  /** Traits changed since the last frame; the map also repaints on scroll, hover, resize. */
+  const dirty = new Set<TraitName>();
+  let mapDirty = false;
+  let frame: number | null = null;
+
+  const header = createHeader(root);
+  const message = document.createElement("div");
+  message.className = "ndbg-message";
+  root.appendChild(message);
+
+  function select(selection: Selection): void {
+    inspector.expect(selection);
+    sync.set("selected", selection);
+  }
+
+  const heatmap = createHeatmap(root, {
+    onCellClick(cell: Cell) {
+      const s = snapshot(model);
+      const layer = s.layers[cell.row];
+      if (layer === undefined) return;
+      const [start, stop] = s.mapSteps;
+      const step = pickStep(s.events, layer, cell.col, start, stop, s.mapCols);
+      if (step >= 0) select({ layer, step });
+    },
+    requestDraw() {
+      mapDirty = true;
+      schedule();
+    },
+  });
+  const inspector = createInspector(root, {
+    onClose: () => sync.set("selected", null),
+  });
+  const feed = createFeed(root, { onSelect: select });
+
+  let reclassifyTimer: ReturnType<typeof setTimeout> | undefined;
+  function setReclassifying(on: boolean): void {
+    if (reclassifyTimer !== undefined) clearTimeout(reclassifyTimer);
+    reclassifyTimer = on ? setTimeout(() => setReclassifying(false), RECLASSIFY_TIMEOUT_MS) : undefined;
+    sliders.setBusy(on);
+    root.dataset.reclassifying = String(on);
+  }
+  const sliders = createSliders(root, first.thresholds, {
+    onChange(thresholds: Thresholds) {
+      setReclassifying(true);
+      sync.set("thresholds", thresholds);
+    },
+  });
+  root.dataset.reclassifying = "false";
+
+  function schedule(): void {
+    if (frame === null) frame = requestAnimationFrame(flush);
+  }
+
+  function flush(): void {
+    frame = null;
+    const changed = new Set(dirty);
+    dirty.clear();
+    const s = snapshot(model);
+    if (touches(changed, HEADER)) {
+      header.update(s);
+      root.dataset.status = s.status;
+      root.dataset.step = String(s.step);
+    }
+    if (changed.has("message")) message.textContent = s.message;
+    if (touches(changed, MAP)) {
+      heatmap.update(s, changed);
+      mapDirty = true;
+    }
+    if (changed.has("inspector_html")) inspector.setHtml(s.inspectorHtml, s.selected);
+    if (touches(changed, FEED)) feed.update(s);
+    if (changed.has("thresholds")) sliders.update(s.thresholds);
+    if (mapDirty) {
+      mapDirty = false;
+      root.dataset.drawMs = heatmap.draw().toFixed(2);
+    }
+  }
+
+  const listeners = TRAITS.map((name) => {
+    const handler = (): void => {
+      if (RECLASSIFIED.has(name) && root.dataset.reclassifying === "true") setReclassifying(false);
+      dirty.add(name);
+      schedule();
+    };
+    model.on(`change:${name}`, handler);
+    return [name, handler] as const;
+  });
+
+  // Theme switches repaint the canvas (its colors are not CSS).
+  const themeWatch =
+    typeof MutationObserver !== "undefined"
+      ? new MutationObserver(() => {
+          mapDirty = true;
+          schedule();
+        })
+      : null;
+  if (themeWatch && document.body) {
+    themeWatch.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "class"] });
+  }
+
+  for (const name of TRAITS) dirty.add(name);
+  flush();
+
+  return () => {
+    for (const [name, handler] of listeners) model.off(`change:${name}`, handler);
+    if (frame !== null) cancelAnimationFrame(frame);
+    if (reclassifyTimer !== undefined) clearTimeout(reclassifyTimer);
+    themeWatch?.disconnect();
+    heatmap.dispose();
+    sync.dispose();
+    root.remove();
+  };
+}
+
+export default { render };

@@ -1,0 +1,182 @@
+/**
+ * The panel's model: the traits the Python widget syncs, typed, plus the readers that turn
+ * the binary traits (traitlets.Bytes arrive as DataView) into typed arrays.
+ *
+ * Mirrors the Python panel widget trait for trait; Python -> JS unless marked otherwise.
+ */
+import type { AnyModel } from "@anywidget/types";
+
+export type Status = "training" | "finished" | "stopped" | "raised";
+export type Severity = "info" | "warning" | "error";
+
+/** Cell states in `map`: the worst state in the bucket. */
+export const CellState = { NoData: 0, Healthy: 1, Warning: 2, Error: 3 } as const;
+export type CellState = (typeof CellState)[keyof typeof CellState];
+
+export interface Marker {
+  row: number;
+  step: number;
+  kind: string;
+  severity: Severity;
+}
+
+export interface FirstFailure {
+  id: number;
+  step: number;
+  layer: string | null;
+  kind: string;
+  severity: Severity;
+  message: string;
+}
+
+export interface PanelEvent extends FirstFailure {
+  /** id of the event this one is a symptom of, or null for a cause. */
+  symptom_of: number | null;
+}
+
+export interface Thresholds {
+  vanish: number;
+  explode: number;
+  jump: number;
+  dead: number;
+  saturated: number;
+}
+
+export interface Selection {
+  layer: string | null;
+  step: number;
+}
+
+/** Binary traits: a DataView from the widget manager; other views tolerated (tests, old managers). */
+export type Binary = DataView | ArrayBuffer | ArrayBufferView | null | undefined;
+
+export interface PanelTraits {
+  layers: string[];
+  status: Status;
+  step: number;
+  /** float32 little-endian, <= 256 points; NaN = missing or non-finite. */
+  loss: Binary;
+  /** uint8, n_layers x map_cols, row-major; values are CellState. */
+  map: Binary;
+  map_cols: number;
+  /** [start, stop): the step range the map columns cover. */
+  map_steps: [number, number];
+  /** float32 LE, n_layers x map_cols: log10 grad norm of the worst step in the bucket (NaN: none). */
+  map_values: Binary;
+  /** float32 LE, n_layers x map_cols: log10 activation abs-max of that step (NaN: none). */
+  map_act: Binary;
+  markers: Marker[];
+  first_failure: FirstFailure | null;
+  events: PanelEvent[];
+  /** Two-way: sliders write it back. */
+  thresholds: Thresholds;
+  /** JS -> Python: the event or cell the user clicked; null when the inspector is closed. */
+  selected: Selection | null;
+  inspector_html: string;
+  message: string;
+}
+
+export type PanelModel = AnyModel<PanelTraits>;
+export type TraitName = keyof PanelTraits;
+
+export const TRAITS: readonly TraitName[] = [
+  "layers",
+  "status",
+  "step",
+  "loss",
+  "map",
+  "map_cols",
+  "map_steps",
+  "map_values",
+  "map_act",
+  "markers",
+  "first_failure",
+  "events",
+  "thresholds",
+  "selected",
+  "inspector_html",
+  "message",
+];
+
+/** Byte order of typed arrays on this machine (ImageData pixels, float32 views). */
+export const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
+
+function bytesOf(value: Binary): Uint8Array {
+  if (value == null) return new Uint8Array(0);
+  if (value instanceof ArrayBuffer) return new Uint8Array(value);
+  return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
+}
+
+export function readUint8(value: Binary): Uint8Array {
+  return bytesOf(value);
+}
+
+/** A float32 little-endian buffer as a Float32Array (copied when unaligned or big-endian host). */
+export function readFloat32(value: Binary): Float32Array {
+  const bytes = bytesOf(value);
+  const n = Math.floor(bytes.byteLength / 4);
+  if (bytes.byteOffset % 4 === 0 && LITTLE_ENDIAN_HOST) {
+    return new Float32Array(bytes.buffer, bytes.byteOffset, n);
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, n * 4);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = view.getFloat32(i * 4, true);
+  return out;
+}
+
+/** Everything the views read, decoded once per change. */
+export interface Snapshot {
+  layers: string[];
+  status: Status;
+  step: number;
+  loss: Float32Array;
+  map: Uint8Array;
+  mapCols: number;
+  mapSteps: [number, number];
+  mapValues: Float32Array;
+  mapAct: Float32Array;
+  markers: Marker[];
+  firstFailure: FirstFailure | null;
+  events: PanelEvent[];
+  thresholds: Thresholds;
+  selected: Selection | null;
+  inspectorHtml: string;
+  message: string;
+}
+
+/** Used only until Python sends `thresholds` (same as neuraldbg_nb.Thresholds). */
+export const DEFAULT_THRESHOLDS: Thresholds = {
+  vanish: 1e-6,
+  explode: 1e3,
+  jump: 10,
+  dead: 0.5,
+  saturated: 0.5,
+};
+
+function steps(value: unknown): [number, number] {
+  if (Array.isArray(value) && value.length >= 2) {
+    return [Number(value[0]) || 0, Number(value[1]) || 0];
+  }
+  return [0, 0];
+}
+
+export function snapshot(model: PanelModel): Snapshot {
+  return {
+    layers: model.get("layers") ?? [],
+    status: model.get("status") ?? "training",
+    step: model.get("step") ?? 0,
+    loss: readFloat32(model.get("loss")),
+    map: readUint8(model.get("map")),
+    mapCols: Math.max(0, Math.floor(model.get("map_cols") ?? 0)),
+    mapSteps: steps(model.get("map_steps")),
+    mapValues: readFloat32(model.get("map_values")),
+    mapAct: readFloat32(model.get("map_act")),
+    markers: model.get("markers") ?? [],
+    firstFailure: model.get("first_failure") ?? null,
+    events: model.get("events") ?? [],
+    thresholds: { ...DEFAULT_THRESHOLDS, ...(model.get("thresholds") ?? {}) },
+    selected: model.get("selected") ?? null,
+    inspectorHtml: model.get("inspector_html") ?? "",
+    message: model.get("message") ?? "",
+  };
+}

@@ -1,0 +1,148 @@
+/**
+ * Threshold sliders. Each maps a 0..STEPS range input onto its threshold, in log space for
+ * the ratio-like thresholds. The value next to a slider follows the thumb ("input"); the
+ * new thresholds go to Python when the thumb is released ("change"), and the panel shows
+ * "reclassifying..." until Python answers with new events or a new map.
+ */
+import { formatNumber } from "./format";
+import type { Thresholds } from "./model";
+
+export const STEPS = 1000;
+
+export interface SliderSpec {
+  key: keyof Thresholds;
+  label: string;
+  help: string;
+  min: number;
+  max: number;
+  log: boolean;
+}
+
+export const SLIDERS: readonly SliderSpec[] = [
+  { key: "vanish", label: "vanishing grad <", help: "gradient norm below which a layer's gradients vanish", min: 1e-10, max: 1e-2, log: true },
+  { key: "explode", label: "exploding grad >", help: "gradient norm above which a layer's gradients explode", min: 1, max: 1e8, log: true },
+  { key: "jump", label: "regime jump \u00d7", help: "change against the layer's recent history that counts as a regime shift", min: 2, max: 1000, log: true },
+  { key: "dead", label: "dead units \u2265", help: "fraction of zero activations after a ReLU-like layer that counts as dead", min: 0.1, max: 1, log: false },
+  { key: "saturated", label: "saturated \u2265", help: "fraction of saturated units after a bounded activation", min: 0.1, max: 1, log: false },
+];
+
+/** Two significant digits: slider values read as "3.2e-5", not "3.1622776e-5". */
+export function roundNice(x: number): number {
+  return x === 0 || !Number.isFinite(x) ? x : Number(x.toPrecision(2));
+}
+
+/** Slider position (0..STEPS) -> threshold value. */
+export function fromSlider(spec: SliderSpec, position: number): number {
+  const t = Math.min(1, Math.max(0, position / STEPS));
+  if (spec.log) {
+    const lo = Math.log10(spec.min);
+    const hi = Math.log10(spec.max);
+    return roundNice(10 ** (lo + t * (hi - lo)));
+  }
+  return roundNice(spec.min + t * (spec.max - spec.min));
+}
+
+/** Threshold value -> slider position (0..STEPS), clamped to the slider's range. */
+export function toSlider(spec: SliderSpec, value: number): number {
+  if (!Number.isFinite(value)) return value > 0 ? STEPS : 0;
+  let t: number;
+  if (spec.log) {
+    const lo = Math.log10(spec.min);
+    const hi = Math.log10(spec.max);
+    t = value > 0 ? (Math.log10(value) - lo) / (hi - lo) : 0;
+  } else {
+    t = (value - spec.min) / (spec.max - spec.min);
+  }
+  return Math.round(Math.min(1, Math.max(0, t)) * STEPS);
+}
+
+export function formatThreshold(spec: SliderSpec, value: number): string {
+  return spec.key === "jump" ? `${formatNumber(value)}\u00d7` : formatNumber(value);
+}
+
+export interface SlidersView {
+  readonly el: HTMLElement;
+  /** Show thresholds from Python (a slider being dragged keeps its thumb). */
+  update(thresholds: Thresholds): void;
+  setBusy(busy: boolean): void;
+}
+
+export interface SlidersOptions {
+  /** Called on release with the full new thresholds. */
+  onChange(thresholds: Thresholds): void;
+}
+
+export function createSliders(parent: HTMLElement, initial: Thresholds, options: SlidersOptions): SlidersView {
+  const root = document.createElement("div");
+  root.className = "ndbg-sliders";
+  const head = document.createElement("div");
+  head.className = "ndbg-sliders-head";
+  const title = document.createElement("span");
+  title.className = "ndbg-sliders-title";
+  title.textContent = "thresholds";
+  const busy = document.createElement("span");
+  busy.className = "ndbg-reclassifying";
+  busy.textContent = "reclassifying\u2026";
+  busy.hidden = true;
+  head.append(title, busy);
+  root.appendChild(head);
+
+  let current: Thresholds = { ...initial };
+  let dragging: keyof Thresholds | null = null;
+  const inputs = new Map<keyof Thresholds, { input: HTMLInputElement; value: HTMLElement; spec: SliderSpec }>();
+
+  for (const spec of SLIDERS) {
+    const row = document.createElement("label");
+    row.className = "ndbg-slider-row";
+    row.title = spec.help;
+    const name = document.createElement("span");
+    name.className = "ndbg-slider-label";
+    name.textContent = spec.label;
+    const input = document.createElement("input");
+    input.type = "range";
+    input.className = `ndbg-slider ndbg-slider-${spec.key}`;
+    input.min = "0";
+    input.max = String(STEPS);
+    input.step = "1";
+    input.dataset.key = spec.key;
+    input.setAttribute("aria-label", spec.help);
+    const value = document.createElement("span");
+    value.className = `ndbg-slider-value ndbg-slider-value-${spec.key}`;
+    row.append(name, input, value);
+    root.appendChild(row);
+    inputs.set(spec.key, { input, value, spec });
+
+    input.addEventListener("input", () => {
+      dragging = spec.key;
+      value.textContent = formatThreshold(spec, fromSlider(spec, Number(input.value)));
+    });
+    input.addEventListener("change", () => {
+      dragging = null;
+      const next = fromSlider(spec, Number(input.value));
+      value.textContent = formatThreshold(spec, next);
+      if (next === current[spec.key]) return;
+      current = { ...current, [spec.key]: next };
+      options.onChange(current);
+    });
+  }
+  parent.appendChild(root);
+
+  function show(thresholds: Thresholds): void {
+    current = { ...thresholds };
+    for (const [key, { input, value, spec }] of inputs) {
+      if (key === dragging) continue;
+      input.value = String(toSlider(spec, thresholds[key]));
+      value.textContent = formatThreshold(spec, thresholds[key]);
+    }
+  }
+  show(initial);
+
+  return {
+    el: root,
+    update: show,
+    setBusy(on) {
+      busy.hidden = !on;
+      root.classList.toggle("ndbg-busy", on);
+    },
+  };
+}

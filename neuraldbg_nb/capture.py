@@ -1,0 +1,131 @@
+"""Tensors kept for inspection, under a memory budget that is never exceeded.
+
+Captures are CPU copies of a layer's input, output, parameters and gradients (and the
+input batch) taken when a detector fires and at sparse reference steps (0, 1, 2, 4, 8,
+...) so an event can be shown beside the last healthy state. When the budget is full,
+reference captures go first (oldest first), then later event captures; the first failure's
+capture is the last to go. A tensor larger than a quarter of the budget is kept as an
+evenly strided sample and marked so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+REFERENCE = "reference"
+EVENT = "event"
+
+
+def is_reference_step(step: int) -> bool:
+    """0, 1, 2, 4, 8, ...: dense early, sparse later, log2(steps) in all."""
+    return step == 0 or (step & (step - 1)) == 0
+
+
+@dataclass(frozen=True)
+class Capture:
+    """The tensors of one layer (or of the batch: layer None) at one step."""
+
+    step: int
+    layer: str | None
+    reason: str
+    tensors: dict[str, torch.Tensor]
+    sampled: frozenset[str] = field(default_factory=frozenset)
+    """Names of tensors kept as a strided sample (too large for the budget)."""
+    note: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in this capture; it has: "
+                           f"{', '.join(self.tensors) or 'nothing'}") from None
+
+
+class CaptureStore:
+    def __init__(self, budget_bytes: int) -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"capture budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget = budget_bytes
+        self._items: dict[tuple[int, str | None], Capture] = {}
+        self.nbytes = 0
+        self.dropped = 0
+        """Captures that could not be kept within the budget."""
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(sorted(self._items.values(), key=lambda c: (c.step, c.layer or "")))
+
+    def has(self, step: int, layer: str | None) -> bool:
+        return (step, layer) in self._items
+
+    def add(self, step: int, layer: str | None, reason: str,
+            tensors: dict[str, torch.Tensor | None]) -> Capture | None:
+        """Copy `tensors` to the CPU and keep them, evicting as needed; None if they
+        cannot fit at all."""
+        if self.budget == 0 or (step, layer) in self._items:
+            return self._items.get((step, layer))
+        per_tensor = max(self.budget // 4, 1)
+        kept: dict[str, torch.Tensor] = {}
+        sampled = set()
+        for name, t in tensors.items():
+            if t is None:
+                continue
+            t = t.detach()
+            size = t.numel() * t.element_size()
+            if size > per_tensor:
+                stride = math.ceil(size / per_tensor)
+                t = t.reshape(-1)[::stride]
+                sampled.add(name)
+            kept[name] = t.to("cpu", copy=True)
+        cap = Capture(step, layer, reason, kept, frozenset(sampled))
+        if not self._make_room(cap.nbytes, reason):
+            self.dropped += 1
+            return None
+        self._items[(step, layer)] = cap
+        self.nbytes += cap.nbytes
+        return cap
+
+    def _make_room(self, need: int, reason: str) -> bool:
+        if need > self.budget:
+            return False
+        if self.nbytes + need <= self.budget:
+            return True
+        refs = sorted((c for c in self._items.values() if c.reason == REFERENCE),
+                      key=lambda c: c.step)
+        events = sorted((c for c in self._items.values() if c.reason == EVENT),
+                        key=lambda c: -c.step)
+        victims = refs + (events[:-1] if reason == EVENT else [])
+        for c in victims:
+            if self.nbytes + need <= self.budget:
+                break
+            del self._items[(c.step, c.layer)]
+            self.nbytes -= c.nbytes
+        return self.nbytes + need <= self.budget
+
+    def find(self, step: int, layer: str | None) -> Capture | None:
+        """The capture of `layer` at `step`, else the nearest one of that layer, with a
+        note saying so; None if the layer was never captured."""
+        exact = self._items.get((step, layer))
+        if exact is not None:
+            return exact
+        same = [c for c in self._items.values() if c.layer == layer]
+        if not same:
+            return None
+        near = min(same, key=lambda c: (abs(c.step - step), -c.step))
+        return replace(near, note=f"nothing was captured for {layer or 'the batch'} at step "
+                                  f"{step}; this is the nearest capture, step {near.step}")
+
+    def last_healthy(self, step: int, layer: str | None) -> Capture | None:
+        """The latest reference capture of `layer` before `step`."""
+        before = [c for c in self._items.values()
+                  if c.layer == layer and c.reason == REFERENCE and c.step < step]
+        return max(before, key=lambda c: c.step) if before else None

@@ -1,0 +1,82 @@
+"""Detection: pure functions of the trace and the thresholds.
+
+`detect(trace, thresholds)` gives the states and events of a whole run; a `Detection`
+advanced step by step during a live run gives the same answer, because each detector is
+causal (a step's codes depend on that step and the `window` before it) and the event
+machine carries its state across chunks. Detectors are listed here, one module each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..events import Event
+from ..thresholds import Thresholds
+from ..trace import Trace
+from . import activations, data, gradients, loss, regime, updates
+from ._scan import Carry, Finding, scan
+from .rootcause import first_failure, symptoms
+from .states import StateMap
+
+Detector = Callable[[Trace, int, int, Thresholds], list[Finding]]
+
+DETECTORS: tuple[Detector, ...] = (
+    data.findings,
+    activations.findings,
+    regime.findings,
+    updates.findings,
+    updates.lr_findings,
+    loss.findings,
+    gradients.findings,
+)
+
+
+class Detection:
+    """Events of a trace so far; `advance` reads the steps recorded since the last call."""
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.thresholds = thresholds
+        self._events: list[Event] = []
+        self._carries: dict[tuple[str, str], Carry] = {}
+        self.steps_done = 0
+
+    def advance(self, trace: Trace) -> list[Event]:
+        """Scan the new steps; returns the events that appeared (in step order)."""
+        start, stop = self.steps_done, trace.n_steps
+        if stop <= start:
+            return []
+        th = self.thresholds
+        lo = max(0, start - th.window - 2)
+        before = len(self._events)
+        names = [(info.name, f"{info.name} ({info.type})" if info.type else info.name)
+                 for info in trace.layers]
+        for detector in DETECTORS:
+            for f in detector(trace, lo, stop, th):
+                rows = slice(start - lo, None)
+                chunk = replace(f, codes=f.codes[rows], values=f.values[rows],
+                                previous=None if f.previous is None else f.previous[rows])
+                carry = self._carries.setdefault((f.kind, f.signal), Carry())
+                scan(chunk, carry, start, names, th.patience, self._events)
+        self.steps_done = stop
+        return sorted(self._events[before:], key=_order)
+
+    @property
+    def events(self) -> list[Event]:
+        return sorted(self._events, key=_order)
+
+
+def _order(e: Event) -> tuple[int, int, str]:
+    return (e.step, e.order, e.kind)
+
+
+def detect(trace: Trace, thresholds: Thresholds | None = None
+           ) -> tuple[StateMap, list[Event]]:
+    """States and events of a recorded trace under `thresholds`."""
+    d = Detection(thresholds or Thresholds())
+    d.advance(trace)
+    events = d.events
+    return StateMap(events, trace.n_steps, trace.n_layers), events
+
+
+__all__ = ["DETECTORS", "Detection", "StateMap", "detect", "first_failure", "symptoms"]

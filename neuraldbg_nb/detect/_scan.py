@@ -1,0 +1,173 @@
+"""From per-step condition codes to events: the one state machine all detectors share.
+
+A detector says, for each step and layer, how bad things are (a code); this module turns
+those codes into events on transitions, with hysteresis: a condition is reported when it
+has held for `patience` steps (at the step it started), and ends only after `exit_patience`
+healthy steps, so a value hovering at a threshold gives one event, not one per step.
+
+The machine is a sequential scan, carried across chunks: scanning a trace in one piece or
+step by step during a live run gives the same events. Only columns whose codes change
+are walked in Python; a healthy column costs a few vectorised numpy ops per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..events import Event
+
+HOLD, OK, INFO, WARNING, ERROR = -1, 0, 1, 2, 3
+"""Codes: HOLD means "not observed at this step, keep the last code"."""
+SEVERITY = {INFO: "info", WARNING: "warning", ERROR: "error"}
+
+Message = Callable[[str, int, float, float, str], str]
+"""(name, step, value, previous, severity) -> one sentence with the numbers."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detector's verdict on a block of rows, for one kind of event."""
+
+    kind: str
+    signal: str
+    codes: np.ndarray
+    """(rows, columns) int8 codes; one column per layer, or one for the data/loss."""
+    values: np.ndarray
+    """(rows, columns) the number the event reports."""
+    message: Message
+    recovery: Message | None = None
+    """Sentence for the end of the condition; None: its end is not an event."""
+    previous: np.ndarray | None = None
+    """(rows, columns) the level the value came from; None: the last healthy value."""
+    per_layer: bool = True
+    patience: int = 1
+    sticky: bool = False
+    """Never leaves its state once entered (non-finite values are never a recovery)."""
+    step_offset: int = 0
+    """Added to the row to get the event's step (a weight change seen at row t happened in
+    the update of step t-1)."""
+
+
+@dataclass
+class Carry:
+    """Per-column machine state between chunks."""
+
+    level: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    start_value: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    start_previous: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    last_ok: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    open: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def grow(self, columns: int) -> None:
+        extra = columns - len(self.level)
+        if extra <= 0:
+            return
+        fill = {"level": 0, "code": 0, "start": 0, "length": 0, "start_value": np.nan,
+                "start_previous": np.nan, "last_ok": np.nan, "open": -1}
+        for name, value in fill.items():
+            old = getattr(self, name)
+            setattr(self, name, np.concatenate([old, np.full(extra, value, old.dtype)]))
+
+
+def forward_fill(codes: np.ndarray, initial: np.ndarray) -> np.ndarray:
+    """Replace HOLD by the last observed code above it (or `initial` for leading HOLDs)."""
+    n, c = codes.shape
+    rows = np.where(codes >= 0, np.arange(n)[:, None], -1)
+    np.maximum.accumulate(rows, axis=0, out=rows)
+    picked = codes[np.maximum(rows, 0), np.arange(c)[None, :]]
+    return np.where(rows >= 0, picked, initial[None, :]).astype(np.int8)
+
+
+def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]],
+         exit_patience: int, events: list[Event]) -> None:
+    """Advance the machine over the rows of `f` (starting at step `first_step`), appending
+    new events to `events` and closing the ones that ended (their `end` is set).
+    `names` holds each column's (qualified name, label for sentences)."""
+    n, cols = f.codes.shape
+    if n == 0:
+        return
+    carry.grow(cols)
+    filled = forward_fill(f.codes, carry.code[:cols])
+    steady = (filled == carry.level[None, :cols]).all(0) & (carry.code[:cols] == carry.level[:cols])
+
+    # steady columns: the run goes on; only the last healthy value can change
+    quiet = np.flatnonzero(steady)
+    carry.length[quiet] += n
+    ok_seen = (f.codes[:, quiet] == OK) & ~np.isnan(f.values[:, quiet])
+    has = ok_seen.any(0)
+    last_row = n - 1 - np.argmax(ok_seen[::-1], axis=0)
+    carry.last_ok[quiet[has]] = f.values[last_row[has], quiet[has]]
+
+    for j in np.flatnonzero(~steady):
+        _walk(f, carry, int(j), filled[:, j], first_step, names, exit_patience, events)
+
+
+def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
+          names: list[tuple[str, str]], exit_patience: int, events: list[Event]) -> None:
+    values = f.values[:, j]
+    observed = f.codes[:, j]
+    bounds = np.flatnonzero(np.diff(col)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [len(col)]])
+    name, label = names[j] if f.per_layer else (None, "")
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        k = int(col[a])
+        if a == 0 and k == carry.code[j]:
+            carry.length[j] += b - a
+        else:
+            carry.code[j], carry.start[j], carry.length[j] = k, first_step + a, b - a
+            carry.start_value[j] = values[a]
+            carry.start_previous[j] = (f.previous[a, j] if f.previous is not None
+                                       else carry.last_ok[j])
+        level = int(carry.level[j])
+        if k > level and carry.length[j] >= f.patience:
+            _close(events, carry, j, int(carry.start[j]) + f.step_offset)
+            events.append(_event(f, name, label, j, k, int(carry.start[j]) + f.step_offset,
+                                 float(carry.start_value[j]), float(carry.start_previous[j])))
+            carry.open[j] = len(events) - 1
+            carry.level[j] = k
+        elif k == OK < level and not f.sticky and carry.length[j] >= exit_patience:
+            at = int(carry.start[j]) + f.step_offset
+            failed = events[carry.open[j]].value if carry.open[j] >= 0 else np.nan
+            _close(events, carry, j, at)
+            carry.level[j] = OK
+            if f.recovery is not None:
+                value = float(carry.start_value[j])
+                events.append(Event(at, name, "recovery", "info",
+                                    f.recovery(label, at, value, failed, "info"),
+                                    value, failed, f.signal, at, j if f.per_layer else -1))
+        if k == OK:
+            seg_ok = (observed[a:b] == OK) & ~np.isnan(values[a:b])
+            if seg_ok.any():
+                carry.last_ok[j] = values[a:b][seg_ok][-1]
+
+
+def _close(events: list[Event], carry: Carry, j: int, at: int) -> None:
+    i = int(carry.open[j])
+    if i >= 0:
+        events[i] = replace(events[i], end=at)
+        carry.open[j] = -1
+
+
+def _event(f: Finding, name: str | None, label: str, j: int, code: int, step: int,
+           value: float, previous: float) -> Event:
+    severity = SEVERITY[code]
+    return Event(step=step, layer=name, kind=f.kind, severity=severity,
+                 message=f.message(label, step, value, previous, severity),
+                 value=value, previous=previous, signal=f.signal,
+                 order=j if f.per_layer else -1)
+
+
+def fmt(x: float) -> str:
+    """A number for a sentence: 3 significant digits, words for the non-finite."""
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.3g}"

@@ -1,0 +1,33 @@
+"""Gradients: vanished, exploded, or not finite (per layer, weight and bias together)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..thresholds import Thresholds
+from ..trace import Trace
+from ._scan import ERROR, HOLD, OK, Finding, fmt
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    g = trace.col("grad_norm", lo, stop).astype(np.float64)
+    finite = np.isfinite(g)
+    nonfinite = np.where(np.isnan(g), HOLD, np.where(finite, OK, ERROR)).astype(np.int8)
+    exploding = np.where(finite, np.where(g > th.explode, ERROR, OK), HOLD).astype(np.int8)
+    vanishing = np.where(finite, np.where(g < th.vanish, ERROR, OK), HOLD).astype(np.int8)
+    return [
+        Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
+                n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "
+                                 f"(norm was {fmt(p)})"),
+        Finding("exploding_gradient", "gradient", exploding, g, message=lambda
+                n, s, v, p, sev: f"{n}: gradient norm healthy ({fmt(p)}) -> exploding "
+                                 f"({fmt(v)}) at step {s}",
+                recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
+                                                 f"({fmt(v)}) at step {s}"),
+        Finding("vanishing_gradient", "gradient", vanishing, g, patience=th.patience,
+                message=lambda n, s, v, p, sev: f"{n}: gradient norm healthy ({fmt(p)}) -> "
+                                                f"vanishing ({fmt(v)}) at step {s}"
+                if p == p else f"{n}: gradient norm vanishing ({fmt(v)}) from step {s}",
+                recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
+                                                 f"({fmt(v)}) at step {s}"),
+    ]

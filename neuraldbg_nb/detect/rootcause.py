@@ -1,0 +1,68 @@
+"""Root cause, not the loudest symptom: which event is the first failure.
+
+At the step where things first went wrong, blame in this order (DESIGN.md): the data;
+then the first layer in forward order whose activations went non-finite, jumped, or died;
+then the optimizer's update; then the loss; and only then the gradients (exploding: the
+layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
+backward signal first collapses, else the deepest vanishing layer; non-finite: the
+deepest layer, where backward starts).
+"""
+
+from __future__ import annotations
+
+from ..events import Event
+from ..thresholds import Thresholds
+
+_STARTERS = {"regime_shift", "data_anomaly", "exploding_update"}
+"""Warnings that may start a chain an error ends (a gradient jump never starts one)."""
+_ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
+
+
+def _rank(e: Event) -> int:
+    if e.kind == "data_anomaly":
+        return 0
+    if e.kind in _ACTIVATION and e.signal == "activation":
+        return 1
+    if e.kind == "exploding_update":
+        return 2
+    if e.kind.startswith("loss_"):
+        return 3
+    return 4
+
+
+def first_failure(events: list[Event], th: Thresholds) -> Event | None:
+    """The event that started the first failure, or None for a healthy run."""
+    errors = [e for e in events if e.severity == "error"]
+    if not errors:
+        return None
+    first = min(e.step for e in errors)
+    chain = [e for e in events
+             if first - th.lookback <= e.step <= first
+             and (e.severity == "error" or (e.severity == "warning" and e.kind in _STARTERS
+                                             and e.signal != "gradient"))]
+    root_step = min(e.step for e in chain)
+    at = [e for e in chain if e.step == root_step]
+    best = min(_rank(e) for e in at)
+    tied = [e for e in at if _rank(e) == best]
+    if best < 4:
+        return min(tied, key=lambda e: (e.order, e.kind))
+    kinds = {e.kind for e in tied}
+    if "nonfinite_gradient" in kinds:
+        return max((e for e in tied if e.kind == "nonfinite_gradient"), key=lambda e: e.order)
+    if "exploding_gradient" in kinds:
+        return max((e for e in tied if e.kind == "exploding_gradient"), key=lambda e: e.value)
+    if "vanishing_gradient" in kinds:
+        saturated = [e for e in events if e.kind == "saturation" and e.step <= root_step
+                     and (e.end is None or e.end > root_step)]
+        if saturated:
+            return max(saturated, key=lambda e: e.order)
+        return max((e for e in tied if e.kind == "vanishing_gradient"), key=lambda e: e.order)
+    return min(tied, key=lambda e: (e.order, e.kind))
+
+
+def symptoms(events: list[Event], root: Event | None) -> list[Event]:
+    """Warnings and errors at or after the root cause's step, other than the root."""
+    if root is None:
+        return []
+    return [e for e in events if e is not root and e.step >= root.step
+            and e.severity in ("warning", "error")]

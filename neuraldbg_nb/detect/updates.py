@@ -1,0 +1,71 @@
+"""Optimizer updates: a layer's weights change by a large fraction in one step.
+
+This is where a bad learning rate shows first: the step's gradients can be ordinary, but
+the update that follows moves the weights by more than they weigh. Read from the weight
+norm after each update (every step) and the exact update size (sampled steps); the row
+that sees it is the step after the update, hence `step_offset=-1`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..thresholds import Thresholds
+from ..trace import Trace
+from ._scan import ERROR, HOLD, INFO, OK, Finding, fmt
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    w = trace.col("param_norm", lo, stop).astype(np.float64)
+    upd = trace.col("update_ratio", lo, stop).astype(np.float64)
+    lr = trace.scalar("lr", lo, stop)
+    n = w.shape[0]
+    # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
+    after = np.full_like(w, np.nan)
+    before = np.full_like(w, np.nan)
+    ratio = np.full_like(w, np.nan)
+    after[1:] = w[:-1]
+    before[2:] = w[:-2]
+    ratio[1:] = upd[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
+    change = np.fmax(change, ratio)
+    blown = ~np.isfinite(after) & ~np.isnan(after)
+    codes = np.where(np.isnan(change) & ~blown, HOLD,
+                     np.where(blown | (change >= th.max_update), ERROR, OK)).astype(np.int8)
+    lr_at = np.full(n, np.nan)      # learning rate of the update judged at row t
+    lr_prev = np.full(n, np.nan)
+    lr_at[1:] = lr[:-1]
+    lr_prev[2:] = lr[:-2]
+    first = lo
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        text = (f"{name}: weights moved {v:.3g}x their size in the update of step {s}"
+                if np.isfinite(v) else f"{name}: weights became non-finite in the update "
+                                       f"of step {s}")
+        row = s + 1 - first
+        if 0 <= row < n and lr_at[row] == lr_at[row] and lr_prev[row] == lr_prev[row] \
+                and lr_at[row] != lr_prev[row]:
+            text += f"; the learning rate went {fmt(lr_prev[row])} -> {fmt(lr_at[row])}"
+        elif 0 <= row < n and lr_at[row] == lr_at[row]:
+            text += f" (learning rate {fmt(lr_at[row])})"
+        return text
+
+    value = np.where(blown, np.inf, change)
+    return [Finding("exploding_update", "update", codes, value, message=message,
+                    step_offset=-1)]
+
+
+def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    """An info event where the learning rate moves by `jump` or more in one step."""
+    lr = trace.scalar("lr", lo, stop)
+    prev = np.full_like(lr, np.nan)
+    prev[1:] = lr[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.abs(np.log10(lr / prev))
+    codes = np.where(np.isnan(factor), HOLD,
+                     np.where(factor >= np.log10(th.jump), INFO, OK)).astype(np.int8)
+    return [Finding("lr_change", "lr", codes[:, None], lr[:, None], previous=prev[:, None],
+                    per_layer=False,
+                    message=lambda n, s, v, p, sev: f"learning rate changed {fmt(p)} -> "
+                                                    f"{fmt(v)} at step {s}")]

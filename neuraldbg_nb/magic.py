@@ -1,0 +1,96 @@
+"""`%%neuraldbg`: watch the training in a cell, with no change to the cell's code.
+
+The cell runs in the user's namespace under `watch()`; the panel is shown above its output
+and updates live. If the cell raises, the user gets their exception (after the panel has
+shown what happened up to it); `--stop-on error` stops at the first failure quietly, so
+the next cells can inspect it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
+
+from .run import TrainingFailure
+from .watcher import watch
+
+_THRESHOLD_OPTIONS = {
+    "vanish": "gradient norm below which a layer's gradient has vanished (default 1e-6)",
+    "explode": "gradient norm above which it has exploded (default 1e3)",
+    "jump": "factor against a layer's own history that is a regime shift (default 10)",
+    "jump_error": "factor that makes an activation jump an error (default 100)",
+    "dead": "fraction of dead ReLU units that is reported (default 0.5)",
+    "saturated": "fraction of saturated outputs that is reported (default 0.5)",
+    "max_update": "relative weight change in one update that is an error (default 1.0)",
+    "loss_rise": "loss above its recent level by this factor is divergence (default 10)",
+    "window": "steps of history a regime shift is measured against (default 20)",
+    "patience": "steps a slow condition must hold before it is reported (default 3)",
+}
+
+
+def _threshold_arguments(func):  # noqa: ANN001, ANN202 - decorator plumbing
+    for name, text in reversed(_THRESHOLD_OPTIONS.items()):
+        kind = int if name in ("window", "patience") else float
+        func = argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)(func)
+    return func
+
+
+@magics_class
+class NeuralDbgMagics(Magics):
+    @magic_arguments()
+    @argument("--stop-on", choices=("error", "never"), default="never",
+              help="stop training at the first error event (default: never)")
+    @argument("--capture-mb", type=float, default=256,
+              help="memory budget for captured tensors, in MB (default 256; 0: off)")
+    @argument("--sample-every", type=int, default=10,
+              help="full activation statistics every N steps (default 10)")
+    @argument("--no-activations", action="store_true",
+              help="watch gradients, weights, loss and input only (cheapest)")
+    @argument("--no-panel", action="store_true", help="print the text summary instead")
+    @argument("-o", "--output", default=None, metavar="NAME",
+              help="also bind the Run to NAME in the notebook's namespace")
+    @_threshold_arguments
+    @cell_magic
+    def neuraldbg(self, line: str, cell: str) -> None:
+        """Watch the training in this cell: a live panel of each layer's health, the first
+        failure named, click-to-inspect, threshold sliders. The Run is also
+        `neuraldbg_nb.last_run()`."""
+        args = parse_argstring(self.neuraldbg, line)
+        changes = {k: getattr(args, k) for k in _THRESHOLD_OPTIONS if getattr(args, k) is not None}
+        w = watch(None, stop_on=args.stop_on, capture_mb=args.capture_mb,
+                  sample_every=args.sample_every, activations=not args.no_activations,
+                  report=False, **changes)
+        run = w.run
+        if args.output:
+            self.shell.user_ns[args.output] = run
+        panel = None if args.no_panel else _panel(run)
+        if panel is not None:
+            display(panel)
+        code = compile(self.shell.transform_cell(cell), "<neuraldbg cell>", "exec")
+        try:
+            with w:
+                exec(code, self.shell.user_ns)
+        except TrainingFailure:
+            pass  # the panel shows where it stopped; next cells can inspect the run
+        finally:
+            if panel is None:
+                print(run, file=sys.stdout)
+            if run.notes:
+                print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
+
+
+def _panel(run):  # noqa: ANN001, ANN202
+    try:
+        from .panel import Panel
+    except ImportError as err:
+        print(f"neuraldbg: no live panel ({err}); the summary is printed at the end.",
+              file=sys.stderr)
+        return None
+    return Panel(run)
+
+
+def load_ipython_extension(ipython) -> None:  # noqa: ANN001
+    ipython.register_magics(NeuralDbgMagics)

@@ -1,0 +1,443 @@
+"""Hooks that record one step of training into the trace.
+
+The probe only records: forward hooks summarise each layer's output on the device, the
+primary optimizer's step hooks mark step boundaries and read every watched gradient (and,
+after the update, every weight) with fused norms, and the loss tap hears the tensor that
+`backward()` was called on. At the step boundary the step's summaries go to the host in
+one transfer and become one trace row. What the numbers mean is decided elsewhere
+(`detect`), by a callback the probe does not know.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+from torch.utils.hooks import RemovableHandle
+
+from . import loss_tap, stats
+from .layers import bounds_of, first_tensor, iter_layers, own_params, role_of
+from .trace import Trace
+
+
+@dataclass
+class StepRecord:
+    """What a closed step hands on: its index and live references for capture.
+
+    `refs` maps a layer index to the (input, output) of its last call in the step; they
+    are valid only during the callback (the probe drops them right after).
+    """
+
+    step: int
+    refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
+    batch: torch.Tensor | None = None
+    params: list[tuple[str, nn.Parameter, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Candidate:
+    name: str
+    module: nn.Module
+    role: str
+    bounds: tuple[float, float] | None
+
+
+class Probe:
+    """Installs the hooks of one watch and turns each step into a trace row."""
+
+    def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
+                 sample_every: int, hold_refs: bool, activations: bool = True,
+                 on_step: Callable[[StepRecord], None]) -> None:
+        self.trace = trace
+        self.activations = activations
+        self.sample_every = sample_every
+        self._given = roots is not None
+        self._hold = hold_refs
+        self._on_step = on_step
+        self._handles: list[RemovableHandle] = []
+        self._unsubscribe: Callable[[], None] | None = None
+        self._roots: set[int] = set()
+        self._root_modules: list[nn.Module] = []
+        self._cand: dict[int, _Candidate] = {}
+        self._index: dict[int, int] = {}
+        self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
+        self._primary: weakref.ref[torch.optim.Optimizer] | None = None
+        self._root_depth = 0
+        self.compiled_seen = False
+        self.manual_steps = False
+        self.steps_seen = 0
+        self._sc = stats.Scalars()
+        self._sampled = True
+        self._reset_step()
+        self._pending_post: tuple[list[int], list[int]] | None = None
+        self._pending_update: tuple[list[int], list[int], list[int]] | None = None
+        self._before: list[torch.Tensor] | None = None
+        self._last_fingerprint: tuple[float, ...] | None = None
+        for prefix, root in roots or []:
+            self._add_root(root, prefix)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def attach(self) -> None:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre),
+            nn_module.register_module_forward_hook(self._post, always_call=True),
+            optim_module.register_optimizer_step_pre_hook(self._opt_pre),
+            optim_module.register_optimizer_step_post_hook(self._opt_post),
+        ]
+        for root in self._root_modules:
+            self._hook_root(root)
+        self._unsubscribe = loss_tap.subscribe(self._on_backward)
+
+    def _hook_root(self, root: nn.Module) -> None:
+        """Per-root hooks (they see keyword arguments, global hooks do not): the input
+        batch is the first tensor of a top-level call of a root."""
+        self._handles.append(root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        self._handles.append(root.register_forward_hook(self._root_post, always_call=True))
+
+    def detach(self) -> None:
+        """Remove every hook; safe to call twice."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._refs.clear()
+        self._before = None
+        self._root_depth = 0
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    # -- roots and layers -----------------------------------------------------------
+    def _add_root(self, root: nn.Module, prefix: str) -> None:
+        self._roots.add(id(root))
+        self._root_modules.append(root)
+        inner = getattr(root, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(inner, nn.Module):
+            root = inner
+        seen = {id(p) for _, p, _ in self._owners}
+        for name, m in iter_layers(root, prefix):
+            if id(m) in self._cand:
+                continue
+            self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m))
+            for pname, p in m.named_parameters(recurse=False):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    self._owners.append((f"{name}.{pname}", p, id(m)))
+
+    def _layer(self, mid: int) -> int:
+        idx = self._index.get(mid)
+        if idx is None:
+            c = self._cand[mid]
+            idx = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
+                                       bool(own_params(c.module)))
+            self._index[mid] = idx
+        return idx
+
+    def _owns(self, opt: torch.optim.Optimizer) -> bool:
+        if not self._owners:
+            return not self._given
+        mine = {id(p) for _, p, _ in self._owners}
+        return any(id(p) in mine for g in opt.param_groups for p in g["params"])
+
+    # -- hooks ----------------------------------------------------------------------
+    def _pre(self, module: nn.Module, args: tuple) -> None:
+        if torch.compiler.is_compiling():
+            self.compiled_seen = True
+            return
+        mid = id(module)
+        if mid not in self._roots and not self._given and self._root_depth == 0 \
+                and mid not in self._cand and next(module.parameters(), None) is not None:
+            n = len(self._root_modules)
+            self._add_root(module, "" if n == 0 else f"{type(module).__name__}{n}.")
+            self._hook_root(module)  # from the next call on; this one is recorded here
+            self._root_pre(module, args, {})
+        if mid in self._cand and mid not in self._index:
+            self._layer(mid)
+
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if torch.compiler.is_compiling():
+            return
+        if self._root_depth == 0:
+            self._record_input(args, kwargs)
+        self._root_depth += 1
+
+    def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
+        if not torch.compiler.is_compiling():
+            self._root_depth = max(0, self._root_depth - 1)
+
+    def _post(self, module: nn.Module, args: tuple, output: object) -> None:
+        if torch.compiler.is_compiling():
+            return
+        c = self._cand.get(id(module))
+        if c is None or not self.activations:
+            return
+        y = first_tensor(output)
+        if y is None or y.numel() == 0:
+            return
+        idx = self._layer(id(module))
+        y = y.detach()
+        sc = self._sc
+        mn, mx = stats.min_max(y, sc)
+        self._c_idx.append(idx)
+        self._c_mn.append(mn)
+        self._c_mx.append(mx)
+        if self._sampled:
+            self._rich.append((idx, y.numel(), stats.rich_activation(y, c.role, c.bounds, sc)))
+        if self._hold:
+            x = first_tensor(args)
+            self._refs[idx] = (None if x is None else x.detach(), y)
+
+    def _record_input(self, args: tuple, kwargs: dict) -> None:
+        x = first_tensor(args, floating=False)
+        if x is None:
+            x = first_tensor(kwargs, floating=False)
+        if x is None or x.numel() == 0 or x.is_complex():
+            return
+        x = x.detach()
+        self._inputs.append((stats.input_batch(x, self._sc), x.numel()))
+        if self._hold:
+            self._batch = x
+
+    def _on_backward(self, root: torch.Tensor) -> None:
+        self._losses.append(self._sc.add(root.detach()))
+
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if self._primary is None:
+            if not self._owns(opt):
+                return
+            self._primary = weakref.ref(opt)
+        if self._primary() is opt:
+            self.steps_seen += 1
+            self._close(opt)
+
+    def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        if self._primary is not None and self._primary() is opt:
+            self._after_update()
+
+    # -- user-facing step API ---------------------------------------------------------
+    def manual_step(self) -> None:
+        """Close a step by hand (loops without an optimizer)."""
+        self.manual_steps = True
+        self._close(None)
+        self._after_update()
+
+    def log_loss(self, value: float | torch.Tensor) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"log_loss takes a scalar; got a tensor of shape "
+                                 f"{tuple(value.shape)}. Reduce it first, e.g. loss.mean().")
+            self._logged.append(self._sc.add(value.detach().reshape(())))
+        else:
+            self._logged_host.append(float(value))
+
+    @property
+    def has_pending(self) -> bool:
+        """Something was recorded since the last step boundary."""
+        return bool(self._c_idx or self._losses or self._inputs or self._logged
+                    or self._logged_host)
+
+    # -- the step boundary -------------------------------------------------------------
+    def _reset_step(self) -> None:
+        self._c_idx: list[int] = []
+        self._c_mn: list[int] = []
+        self._c_mx: list[int] = []
+        self._rich: list[tuple[int, int, tuple[int, ...]]] = []
+        self._inputs: list[tuple[tuple[int, ...], int]] = []
+        self._losses: list[int] = []
+        self._logged: list[int] = []
+        self._logged_host: list[float] = []
+        self._refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._batch: torch.Tensor | None = None
+
+    def _params(self) -> list[tuple[str, nn.Parameter, int]]:
+        return [(name, p, self._layer(mid)) for name, p, mid in self._owners]
+
+    def _close(self, opt: torch.optim.Optimizer | None) -> None:
+        sc = self._sc
+        params = self._params()
+        with_grad = [(p.grad, idx) for _, p, idx in params if p.grad is not None]
+        g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
+        lr_host, lr_pos = math.nan, -1
+        if opt is not None and opt.param_groups:
+            lr = opt.param_groups[0].get("lr", math.nan)
+            if isinstance(lr, torch.Tensor):
+                lr_pos = sc.add(lr.detach())
+            else:
+                lr_host = float(lr)
+        v = sc.to_host()  # the step's one device-to-host transfer
+
+        step = self.trace.n_steps
+        n = self.trace.n_layers
+        row: dict[str, np.ndarray] = {}
+        row["act_absmax"] = self._absmax(v, n)
+        if self._rich:
+            row.update(self._rich_columns(v, n))
+        row["grad_norm"] = _layer_norms(v, g_pos, [i for _, i in with_grad], n)
+        if self._pending_post is not None and step > 0:
+            pos, idx = self._pending_post
+            self.trace.set_layer_values("param_norm", step - 1, _layer_norms(v, pos, idx, n))
+        if self._pending_update is not None and step > 0:
+            d_pos, b_pos, idx = self._pending_update
+            moved = _layer_norms(v, d_pos, idx, n)
+            before = _layer_norms(v, b_pos, idx, n)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.where(before > 0, moved / before, np.nan)
+            self.trace.set_layer_values("update_ratio", step - 1, ratio.astype(np.float32))
+        self._pending_post = self._pending_update = None
+
+        scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
+                   "loss": self._loss(v), "sampled": float(self._sampled)}
+        scalars.update(self._input_scalars(v))
+        self.trace.append(row, scalars)
+
+        if self._sampled and opt is not None:
+            self._before = [p.detach().clone() for _, p, _ in params if p.requires_grad]
+        record = StepRecord(step, self._refs, self._batch, params)
+        self._sampled = (step + 1) % self.sample_every == 0
+        refs = self._refs
+        self._reset_step()
+        try:
+            self._on_step(record)
+        finally:
+            refs.clear()
+
+    def _after_update(self) -> None:
+        """After the primary optimizer's update: weight norms (every step) and the update
+        size (sampled steps), sent with the next step's transfer."""
+        live = [(p, idx) for _, p, idx in self._params() if p.requires_grad]
+        weights = [p.detach() for p, _ in live]
+        idx = [i for _, i in live]
+        self._pending_post = (stats.grouped_norms(weights, self._sc), idx)
+        if self._before is not None and len(self._before) == len(weights):
+            diffs = torch._foreach_sub(weights, self._before) if weights else []
+            self._pending_update = (stats.grouped_norms(list(diffs), self._sc),
+                                    stats.grouped_norms(self._before, self._sc), idx)
+        self._before = None
+
+    def flush(self) -> None:
+        """At exit: move the last update's weight norms into the last row."""
+        if self._pending_post is None or self.trace.n_steps == 0:
+            return
+        pos, idx = self._pending_post
+        v = self._sc.to_host()
+        self.trace.set_layer_values("param_norm", self.trace.n_steps - 1,
+                                    _layer_norms(v, pos, idx, self.trace.n_layers))
+        self._pending_post = self._pending_update = None
+        self._reset_step()
+
+    def close_partial(self) -> None:
+        """At exit of a loop that never stepped: what was recorded becomes one step."""
+        warnings.warn(
+            "neuraldbg: no optimizer step was seen, so the whole block was recorded as one "
+            "step. Call run.step() once per training step in loops without an optimizer.",
+            stacklevel=3)
+        self._close(None)
+
+    # -- host-side assembly ---------------------------------------------------------
+    def _absmax(self, v: np.ndarray, n: int) -> np.ndarray:
+        out = np.full(n, np.nan, np.float32)
+        if not self._c_idx:
+            return out
+        a = np.maximum(np.abs(v[self._c_mn]), np.abs(v[self._c_mx]))
+        a[~np.isfinite(a)] = np.inf
+        acc = np.full(n, -1.0)
+        np.maximum.at(acc, np.asarray(self._c_idx), a)
+        out[acc >= 0] = acc[acc >= 0]
+        return out
+
+    def _rich_columns(self, v: np.ndarray, n: int) -> dict[str, np.ndarray]:
+        tot = np.zeros((n, 8))  # numel, sum, sumsq, nonzero, finite, dead, units, sat
+        has_dead = np.zeros(n, bool)
+        has_sat = np.zeros(n, bool)
+        for idx, numel, (p_sum, p_norm, p_nz, p_fin, p_dead, p_sat, units) in self._rich:
+            t = tot[idx]
+            t[0] += numel
+            t[1] += v[p_sum]
+            t[2] += v[p_norm] ** 2
+            t[3] += v[p_nz]
+            t[4] += v[p_fin]
+            if p_dead >= 0:
+                t[5] += v[p_dead]
+                t[6] += units
+                has_dead[idx] = True
+            if p_sat >= 0:
+                t[7] += v[p_sat]
+                has_sat[idx] = True
+        numel = tot[:, 0]
+        seen = numel > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = tot[:, 1] / numel
+            std = np.sqrt(np.maximum(tot[:, 2] / numel - mean ** 2, 0.0))
+            cols = {
+                "act_mean": mean, "act_std": std,
+                "zero_frac": 1.0 - tot[:, 3] / numel,
+                "act_nonfinite": numel - tot[:, 4],
+                "dead_frac": np.where(has_dead & (tot[:, 6] > 0), tot[:, 5] / tot[:, 6], np.nan),
+                "sat_frac": np.where(has_sat, tot[:, 7] / numel, np.nan),
+            }
+        return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
+
+    def _loss(self, v: np.ndarray) -> float:
+        values = ([v[p] for p in self._logged] + self._logged_host) if (
+            self._logged or self._logged_host) else [v[p] for p in self._losses]
+        if not values:
+            return math.nan
+        loss = float(np.mean(values))
+        return loss if math.isfinite(loss) else math.inf
+
+    def _input_scalars(self, v: np.ndarray) -> dict[str, float]:
+        if not self._inputs:
+            return {}
+        mins, maxs, sums, sqs, nzs, fins, prints, numels = [], [], [], [], [], [], [], []
+        for (p_mn, p_mx, p_sum, p_norm, p_nz, p_fin, p_print), numel in self._inputs:
+            mins.append(v[p_mn])
+            maxs.append(v[p_mx])
+            sums.append(v[p_sum])
+            sqs.append(v[p_norm] ** 2)
+            nzs.append(v[p_nz])
+            fins.append(v[p_fin])
+            prints.append(v[p_print])
+            numels.append(numel)
+        numel = float(sum(numels))
+        nonfinite = numel - sum(fins)
+        absmax = max(max(abs(a) for a in mins), max(abs(a) for a in maxs))
+        mean = sum(sums) / numel
+        std = math.sqrt(max(sum(sqs) / numel - mean ** 2, 0.0)) if math.isfinite(mean) else math.nan
+        fingerprint = tuple(mins + maxs + sums + sqs + prints)
+        repeat = fingerprint == self._last_fingerprint and nonfinite == 0
+        self._last_fingerprint = fingerprint
+        return {
+            "in_absmax": absmax if math.isfinite(absmax) else math.inf,
+            "in_mean": mean, "in_std": std,
+            "in_zero_frac": 1.0 - sum(nzs) / numel,
+            "in_nonfinite": nonfinite,
+            "in_const": float(all(a == b for a, b in zip(mins, maxs)) and nonfinite == 0),
+            "in_repeat": float(repeat),
+        }
+
+
+def _layer_norms(v: np.ndarray, pos: list[int], idx: list[int], n: int) -> np.ndarray:
+    """Combine per-tensor norms into per-layer norms (sqrt of summed squares); NaN for
+    layers with no tensor, inf where any tensor's norm is not finite."""
+    out = np.full(n, np.nan, np.float32)
+    if not pos:
+        return out
+    sq = v[pos] ** 2
+    sq[~np.isfinite(sq)] = np.inf
+    acc = np.zeros(n)
+    np.add.at(acc, np.asarray(idx), sq)
+    has = np.zeros(n, bool)
+    has[np.asarray(idx)] = True
+    out[has] = np.sqrt(acc[has])
+    return out

@@ -1,0 +1,193 @@
+"""A Run: the record of one watched training (trace, events, captures) and what a user asks
+of it. It reads; it never hooks or trains."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import story
+from .capture import CaptureStore
+from .detect import Detection, StateMap, first_failure, symptoms
+from .events import Event
+from .thresholds import Thresholds
+from .trace import Trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .capture import Capture
+
+STATUS_TEXT = {
+    "training": "is running",
+    "finished": "finished",
+    "stopped": "was stopped at the first failure",
+    "raised": "raised an exception",
+    "interrupted": "was interrupted",
+}
+
+
+class TrainingFailure(RuntimeError):
+    """Raised by `watch(..., stop_on="error")` at the first error; carries the run."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        root = run.first_failure
+        text = root.message if root is not None else "an error event"
+        super().__init__(f"training stopped at step {run.trace.n_steps - 1}: {text}. "
+                         f"Inspect it with run.inspect(run.first_failure) "
+                         f"(the run is this exception's .run, or neuraldbg_nb.last_run()).")
+
+
+class Run:
+    """Everything recorded about one watched training."""
+
+    def __init__(self, trace: Trace, thresholds: Thresholds, captures: CaptureStore,
+                 detection: Detection | None = None) -> None:
+        self.trace = trace
+        self.thresholds = thresholds
+        self.captures = captures
+        self.detection = detection or Detection(thresholds)
+        self.status = "training"
+        self.exception: BaseException | None = None
+        self.selected: Capture | None = None
+        """The capture last opened by `inspect` or a click in the panel."""
+        self.notes: list[str] = []
+        """Plain-language notes about what could not be watched (compiled code, ...)."""
+        self._probe: Any = None
+        self._listeners: list[Callable[[Run, list[Event]], None]] = []
+        if detection is None:
+            self.detection.advance(trace)
+
+    # -- results ----------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """Semantic events on transitions, in step order."""
+        return self.detection.events
+
+    @property
+    def first_failure(self) -> Event | None:
+        """The root cause: the event that started the first failure."""
+        return first_failure(self.events, self.thresholds)
+
+    @property
+    def symptoms(self) -> list[Event]:
+        """Warnings and errors that followed the first failure."""
+        return symptoms(self.events, self.first_failure)
+
+    @property
+    def states(self) -> StateMap:
+        """Each layer's state at each step (the health map)."""
+        return StateMap(self.events, self.trace.n_steps, self.trace.n_layers)
+
+    @property
+    def status_text(self) -> str:
+        return STATUS_TEXT.get(self.status, self.status)
+
+    def reclassify(self, thresholds: Thresholds | None = None, **changes: Any) -> Run:
+        """The same recorded run judged under other thresholds, without training again.
+
+        Gives exactly the events a live run with those thresholds would have given.
+        `run.reclassify(vanish=1e-5)` changes one setting of the current thresholds.
+        """
+        th = (thresholds or self.thresholds).with_(**changes)
+        other = Run(self.trace, th, self.captures)
+        other.status, other.exception, other.notes = self.status, self.exception, self.notes
+        return other
+
+    # -- inspection -------------------------------------------------------------------
+    def inspect(self, event: Event | str | None = None, step: int | None = None) -> Capture:
+        """The tensors captured for an event (or a layer name and step), by name:
+        `run.inspect(run.first_failure)["output"]`. Where nothing was captured at that
+        step, the nearest capture of the layer, with a note saying so."""
+        if event is None:
+            event = self.first_failure
+            if event is None:
+                raise LookupError("this run has no failure to inspect; pass an event or a "
+                                  "layer name and a step")
+        if isinstance(event, Event):
+            layer, step = event.layer, event.step
+        else:
+            layer = event
+            if step is None:
+                raise TypeError("inspect(layer_name, step): give the step too")
+            if layer not in self.trace.layer_names:
+                import difflib
+                hint = difflib.get_close_matches(layer, self.trace.layer_names, n=1)
+                raise KeyError(f"no layer {layer!r} in this run"
+                               + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        found = self.captures.find(step, layer)
+        if found is None:
+            budget = self.captures.budget // 2**20
+            raise LookupError(
+                f"nothing was captured for {layer or 'the batch'} in this run (capture "
+                f"budget {budget} MB, {self.captures.dropped} captures dropped); raise it "
+                f"with watch(..., capture_mb=N) or %%neuraldbg --capture-mb N")
+        self.selected = found
+        return found
+
+    def last_healthy(self, capture: Capture) -> Capture | None:
+        """The reference capture of the same layer before `capture` (for comparison)."""
+        return self.captures.last_healthy(capture.step, capture.layer)
+
+    # -- live runs --------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a training step, in loops without an optimizer."""
+        if self._probe is None or not self._probe.attached:
+            raise RuntimeError("run.step() is for use inside the `with watch(...)` block")
+        self._probe.manual_step()
+
+    def log_loss(self, value: Any) -> None:
+        """Record this step's loss where it is not the tensor `backward()` is called on
+        (e.g. a scaled AMP loss, or a loss computed elsewhere)."""
+        if self._probe is None or not self._probe.attached:
+            raise RuntimeError("run.log_loss() is for use inside the `with watch(...)` block")
+        self._probe.log_loss(value)
+
+    def subscribe(self, listener: Callable[[Run, list[Event]], None]) -> Callable[[], None]:
+        """Call `listener(run, new_events)` after every recorded step; returns an
+        unsubscribe function. Views use it to update live."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _notify(self, new: list[Event]) -> None:
+        for listener in list(self._listeners):
+            listener(self, new)
+
+    # -- export -----------------------------------------------------------------------
+    def to_dataframe(self) -> pd.DataFrame:
+        """The trace in long format, one row per (step, layer)."""
+        return self.trace.to_dataframe()
+
+    def save(self, path: str | Path) -> Path:
+        """Save the trace and settings (not the captured tensors) to a .npz file; reload
+        with `neuraldbg_nb.load(path)` and re-classify freely."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_suffix(".npz")
+        self.trace.save(path)
+        meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
+                "notes": self.notes}
+        path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+        return path
+
+    def __str__(self) -> str:
+        return story.tell(self)
+
+    def __repr__(self) -> str:
+        return (f"<neuraldbg Run: {self.trace.n_steps} steps, {self.trace.n_layers} layers, "
+                f"{len(self.events)} events, status={self.status!r}>")
+
+
+def load(path: str | Path) -> Run:
+    """A run saved with `Run.save`, ready to re-classify or show."""
+    path = Path(path)
+    trace = Trace.load(path.with_suffix(".npz"))
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    run = Run(trace, Thresholds(**meta.get("thresholds", {})), CaptureStore(0))
+    run.status = meta.get("status", "finished")
+    run.notes = list(meta.get("notes", []))
+    return run

@@ -1,0 +1,156 @@
+"""Run -> panel traits: all Python-to-JS conversion lives here.
+
+Payloads are bounded whatever the run's length: the map is bucketed to at most
+`MAX_COLS` columns (and fewer for very many layers), numbers travel as little-endian
+binary (uint8 states, float32 values), the loss is downsampled, and the event feed is
+capped. The JS side (`js/model.ts`) reads exactly these shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .events import Event
+from .run import Run
+
+MAX_COLS = 240
+MAX_CELLS = 48_000
+"""Map cells per message: with one byte a cell this keeps a live update under 64 KB."""
+LOSS_POINTS = 256
+MAX_EVENTS = 200
+MAX_MARKERS = 400
+NO_DATA, HEALTHY = 0, 1
+
+
+def map_shape(n_steps: int, n_layers: int) -> int:
+    """Columns of the map: one per step for short runs, bucketed beyond."""
+    if n_steps == 0:
+        return 0
+    per_budget = MAX_CELLS // max(n_layers, 1)
+    return int(max(1, min(n_steps, MAX_COLS, max(per_budget, 8))))
+
+
+def bucket_edges(n_steps: int, cols: int) -> np.ndarray:
+    """First step of each column (and the end): column c covers [edges[c], edges[c+1])."""
+    return (np.arange(cols + 1) * n_steps) // max(cols, 1)
+
+
+def state_map(run: Run, cols: int) -> np.ndarray:
+    """(layers, cols) uint8: worst state per bucket; 0 before a layer was first measured."""
+    n, n_layers = run.trace.n_steps, run.trace.n_layers
+    out = run.states.bucketed(0, n, cols) if cols else np.zeros((n_layers, 0), np.uint8)
+    first = first_measured(run)
+    edges = bucket_edges(n, cols)
+    for j in range(n_layers):
+        before = np.searchsorted(edges[1:], first[j], side="right")
+        out[j, :before] = NO_DATA
+    return out
+
+
+def first_measured(run: Run) -> np.ndarray:
+    """Step at which each layer was first measured (n_steps if never)."""
+    t = run.trace
+    if t.n_steps == 0:
+        return np.zeros(t.n_layers, np.int64)
+    seen = ~np.isnan(t.col("act_absmax")) | ~np.isnan(t.col("grad_norm"))
+    any_seen = seen.any(0)
+    return np.where(any_seen, seen.argmax(0), t.n_steps)
+
+
+def bucket_max_log(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """(layers, cols) float32: log10 of the largest finite value per bucket (NaN if none);
+    +inf where the bucket holds a non-finite value."""
+    cols = len(edges) - 1
+    if values.shape[0] == 0 or cols == 0:
+        return np.full((values.shape[1], cols), np.nan, np.float32)
+    v = values.astype(np.float64)
+    inf = np.isinf(v)
+    v = np.where(np.isnan(v) | inf, -np.inf, v)
+    peak = np.maximum.reduceat(v, edges[:-1], axis=0)
+    blown = np.logical_or.reduceat(inf, edges[:-1], axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(peak > 0, np.log10(np.maximum(peak, 1e-300)), np.nan)
+    out[blown] = np.inf
+    return out.T.astype(np.float32)
+
+
+def loss_curve(run: Run, points: int = LOSS_POINTS) -> bytes:
+    """Loss sparkline: mean per bucket, NaN where missing or non-finite."""
+    loss = run.trace.scalar("loss")
+    if len(loss) == 0:
+        return b""
+    cols = min(points, len(loss))
+    edges = bucket_edges(len(loss), cols)
+    bad = ~np.isfinite(loss)
+    clean = np.where(bad, 0.0, loss)
+    sums = np.add.reduceat(clean, edges[:-1])
+    counts = np.add.reduceat((~bad).astype(np.float64), edges[:-1])
+    anybad = np.logical_or.reduceat(bad & ~np.isnan(loss), edges[:-1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where((counts > 0) & ~anybad, sums / counts, np.nan)
+    return out.astype("<f4").tobytes()
+
+
+def event_dict(e: Event, ident: int, cause: int | None) -> dict[str, Any]:
+    return {"id": ident, "step": e.step, "layer": e.layer, "kind": e.kind,
+            "severity": e.severity, "message": e.message, "symptom_of": cause}
+
+
+def feed(run: Run, limit: int = MAX_EVENTS) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(events for the feed, first failure): the root cause, its symptoms, and other
+    events; infos about learning rates and recoveries included. Capped to `limit`,
+    keeping the root cause and the earliest events."""
+    events = run.events
+    root = run.first_failure
+    ids = {id(e): i for i, e in enumerate(events)}
+    root_id = ids[id(root)] if root is not None else None
+    symptom = {id(e) for e in run.symptoms}
+    rows = [event_dict(e, ids[id(e)], root_id if id(e) in symptom else None) for e in events]
+    if len(rows) > limit:
+        keep = rows[:limit]
+        if root_id is not None and all(r["id"] != root_id for r in keep):
+            keep = [rows[root_id]] + keep[: limit - 1]
+        rows = keep
+    first = None if root is None else event_dict(root, root_id or 0, None)
+    return rows, first
+
+
+def markers(run: Run, limit: int = MAX_MARKERS) -> list[dict[str, Any]]:
+    """Where the map gets a tick: each warning or error of a layer, errors first."""
+    marks = [{"row": e.order, "step": e.step, "kind": e.kind, "severity": e.severity}
+             for e in run.events if e.order >= 0 and e.severity in ("warning", "error")]
+    marks.sort(key=lambda m: (m["severity"] != "error", m["step"]))
+    return marks[:limit]
+
+
+def thresholds(run: Run) -> dict[str, float]:
+    th = run.thresholds
+    return {"vanish": th.vanish, "explode": th.explode, "jump": th.jump, "dead": th.dead,
+            "saturated": th.saturated}
+
+
+def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
+    """Every trait of the panel for `run`. `with_values` adds the per-cell numbers for the
+    tooltip (sent when the run is not training, to keep live messages small)."""
+    t = run.trace
+    cols = map_shape(t.n_steps, t.n_layers)
+    events, first = feed(run)
+    state: dict[str, Any] = {
+        "layers": t.layer_names,
+        "status": run.status if run.status in ("training", "finished", "stopped") else "raised",
+        "step": t.n_steps,
+        "loss": loss_curve(run),
+        "map": np.ascontiguousarray(state_map(run, cols)).tobytes(),
+        "map_cols": cols,
+        "map_steps": [0, t.n_steps],
+        "markers": markers(run),
+        "events": events,
+        "first_failure": first,
+    }
+    if with_values:
+        edges = bucket_edges(t.n_steps, cols)
+        state["map_values"] = bucket_max_log(t.col("grad_norm"), edges).astype("<f4").tobytes()
+        state["map_act"] = bucket_max_log(t.col("act_absmax"), edges).astype("<f4").tobytes()
+    return state

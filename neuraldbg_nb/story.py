@@ -1,0 +1,71 @@
+"""The run told in plain sentences: the first failure, then what followed.
+
+Used by `print(run)`, the CLI, scripts and the error of `stop_on`; views that can do more
+(the panel) group the same events themselves.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .run import Run
+
+MAX_LAYERS_LISTED = 4
+
+
+def headline(run: Run) -> str:
+    root = run.first_failure
+    where = f"{run.trace.n_steps} steps, {run.trace.n_layers} layers"
+    if root is None:
+        warnings = sum(e.severity == "warning" for e in run.events)
+        extra = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""
+        return f"neuraldbg: no failure found in {where}{extra}."
+    n = len(run.symptoms)
+    tail = {0: "", 1: "; the event after it is a symptom"}.get(
+        n, f"; the {n} events after it are symptoms")
+    return f"neuraldbg: first failure: {root.message}{tail}."
+
+
+def group(events: list[Event]) -> list[str]:
+    """One line per (kind, signal): how many layers, from which step."""
+    groups: dict[tuple[str, str, str], list[Event]] = defaultdict(list)
+    for e in events:
+        groups[(e.kind, e.signal, e.severity)].append(e)
+    lines = []
+    for (kind, signal, severity), evs in sorted(groups.items(), key=lambda g: g[1][0].step):
+        layers = [e.layer for e in evs if e.layer]
+        first = min(e.step for e in evs)
+        label = kind.replace("_", " ") + (f" ({signal})" if kind == "regime_shift" else "")
+        if layers:
+            names = ", ".join(dict.fromkeys(layers[:MAX_LAYERS_LISTED]))
+            more = len(set(layers)) - len(set(layers[:MAX_LAYERS_LISTED]))
+            names += f" and {more} more" if more > 0 else ""
+            n = len(set(layers))
+            lines.append(f"{severity}: {label} in {n} layer{'s' * (n != 1)} from step "
+                         f"{first} ({names})")
+        else:
+            lines.append(f"{severity}: {label} at {len(evs)} step"
+                         f"{'s' * (len(evs) != 1)} from step {first}: {evs[0].message}")
+    return lines
+
+
+def tell(run: Run) -> str:
+    lines = [headline(run)]
+    root = run.first_failure
+    if root is not None:
+        lines.append(f"  cause: [{root.kind}] step {root.step}, layer {root.layer or '(data/loss)'}")
+        symptoms = run.symptoms
+        if symptoms:
+            lines.append("  what followed:")
+            lines += [f"    {line}" for line in group(symptoms)]
+    others = [e for e in run.events if e.severity != "info"
+              and (root is None or (e.step < root.step))]
+    if others:
+        lines.append("  before it:" if root is not None else "  events:")
+        lines += [f"    {line}" for line in group(others)]
+    if run.status not in ("finished", "training"):
+        lines.append(f"  training {run.status_text}.")
+    return "\n".join(lines)

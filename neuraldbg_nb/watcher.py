@@ -1,0 +1,178 @@
+"""`watch()`: the context manager that ties a probe, detection and captures to one Run.
+
+Data flows one way: the probe records a step into the trace, detection reads the new
+step, captures are taken for what fired, listeners (views) hear about it. Hooks are
+removed on every way out of the block: normal exit, an exception, KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+from torch import nn
+
+from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
+from .detect import Detection
+from .probe import Probe, StepRecord
+from .run import Run, TrainingFailure
+from .thresholds import Thresholds
+from .trace import Trace
+
+StopOn = Literal["error", "never"]
+_last: Run | None = None
+
+
+def last_run() -> Run | None:
+    """The Run of the most recent watch (or `%%neuraldbg` cell) in this process."""
+    return _last
+
+
+def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
+    if model is None:
+        return None
+    if isinstance(model, nn.Module):
+        return [("", model)]
+    if isinstance(model, Mapping):
+        items = list(model.items())
+    elif isinstance(model, Iterable):
+        items = [(str(i), m) for i, m in enumerate(model)]
+    else:
+        items = [("", model)]
+    for name, m in items:
+        if not isinstance(m, nn.Module):
+            raise TypeError(f"watch() takes a torch.nn.Module (or a list/dict of them); got "
+                            f"{type(m).__name__} for {name or 'model'!r}. Pass the model "
+                            f"itself, not its output or its parameters.")
+    return [(f"{name}.", m) for name, m in items]
+
+
+class Watch:
+    """Re-enterable: a second `with` on the same Watch continues the same run."""
+
+    def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
+                 stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
+                 activations: bool = True, report: bool | None = None,
+                 **threshold_changes: Any) -> None:
+        if stop_on not in ("error", "never"):
+            raise ValueError(f"stop_on must be 'error' or 'never', got {stop_on!r}")
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {sample_every}")
+        if capture_mb < 0:
+            raise ValueError(f"capture_mb must be >= 0, got {capture_mb}")
+        th = (thresholds or Thresholds()).with_(**threshold_changes)
+        self.stop_on = stop_on
+        self.report = report
+        trace = Trace()
+        self.run = Run(trace, th, CaptureStore(int(capture_mb * 2**20)), Detection(th))
+        self._probe = Probe(trace, _roots(model), sample_every=sample_every,
+                            hold_refs=capture_mb > 0 and activations,
+                            activations=activations, on_step=self._on_step)
+        self._active = False
+
+    def __enter__(self) -> Run:
+        global _last
+        if self._active:
+            raise RuntimeError("this watch is already active; nest a new watch() instead")
+        self._active = True
+        self.run.status = "training"
+        self.run._probe = self._probe
+        self._probe.attach()
+        _last = self.run
+        return self.run
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        run = self.run
+        try:
+            if exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
+                    and not self._probe.manual_steps and run.trace.n_steps == 0:
+                self._probe.close_partial()
+            self._probe.flush()
+        finally:
+            self._probe.detach()
+            self._active = False
+        if self._probe.compiled_seen and not any("compile" in n for n in run.notes):
+            run.notes.append("parts of the model ran under torch.compile: their activations "
+                             "are not watched (hooks do not run inside compiled graphs); "
+                             "gradients, weights, the loss and the input batch are.")
+        if exc_type is None:
+            run.status = "finished"
+        elif issubclass(exc_type, TrainingFailure):
+            run.status = "stopped"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            run.status = "interrupted"
+        else:
+            run.status = "raised"
+            run.exception = exc
+        run._notify([])
+        if self.report or (self.report is None and not _in_notebook()):
+            print(run, file=sys.stderr)
+
+    def _on_step(self, record: StepRecord) -> None:
+        run = self.run
+        new = run.detection.advance(run.trace)
+        self._capture(record, new)
+        run._notify(new)
+        if self.stop_on == "error" and any(e.severity == "error" for e in new):
+            raise TrainingFailure(run)
+
+    def _capture(self, record: StepRecord, new: list) -> None:
+        store = self.run.captures
+        if store.budget == 0:
+            return
+        names = self.run.trace.layer_names
+        fired = {e.order for e in new if e.severity != "info" and e.order >= 0}
+        if any(e.kind == "data_anomaly" and e.severity != "info" for e in new):
+            store.add(record.step, None, EVENT, {"batch": record.batch})
+        reference = is_reference_step(record.step)
+        for idx in sorted(fired) + (sorted(record.refs) if reference else []):
+            if idx >= len(names) or store.has(record.step, names[idx]):
+                continue
+            inp, out = record.refs.get(idx, (None, None))
+            tensors = {"input": inp, "output": out, "batch": record.batch}
+            first_grad = True
+            for name, p, owner in record.params:
+                if owner != idx:
+                    continue
+                local = name[len(names[idx]) + 1:]
+                tensors[local] = p
+                tensors[f"{local}.grad"] = p.grad
+                if first_grad and p.grad is not None:
+                    tensors["grad"] = p.grad
+                    first_grad = False
+            store.add(record.step, names[idx], EVENT if idx in fired else REFERENCE, tensors)
+
+
+def _in_notebook() -> bool:
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    ip = shell.get_ipython()  # type: ignore[attr-defined]
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def watch(model: Any = None, *, thresholds: Thresholds | None = None,
+          stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
+          activations: bool = True, report: bool | None = None,
+          **threshold_changes: Any) -> Watch:
+    """Watch a training loop: `with watch(model) as run: ...`.
+
+    model: the module to watch (or a list/dict of them); None watches every module with
+        parameters that runs inside the block.
+    thresholds / **threshold_changes: detection settings (`vanish=1e-7`, ...); they can be
+        changed after the run with `run.reclassify(...)`.
+    stop_on: "error" raises `TrainingFailure` at the first error event, so training stops
+        at the cause instead of running on in NaNs.
+    capture_mb: memory budget for captured tensors (0 turns capture off).
+    sample_every: full activation statistics every N steps (non-finite values and
+        abs-max are checked every step).
+    activations: False watches gradients, weights, the loss and the input only (the
+        cheapest mode: no forward hooks do any work).
+    report: print the text summary at exit (default: outside notebooks).
+    """
+    return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,
+                 sample_every=sample_every, activations=activations, report=report,
+                 **threshold_changes)
