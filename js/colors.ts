@@ -1,31 +1,29 @@
 /**
- * Colors of cell states and severities. Color-blind friendly: the states differ in hue *and*
- * lightness (teal, amber, magenta; after Okabe-Ito and ColorBrewer PiYG), so they stay apart
- * under deuteranopia and protanopia and in grey scale.
+ * Colors of the map's cell states (panel.css repeats them for the legend-like parts).
+ * Color-blind friendly: the states differ in hue *and* lightness (teal, amber, magenta;
+ * after Okabe-Ito and ColorBrewer PiYG), so they stay apart under deuteranopia and in grey
+ * scale (both checked in js/__tests__/colors.test.ts).
  */
-import { CellState, LITTLE_ENDIAN_HOST, type Severity } from "./model";
+import { CellState, LITTLE_ENDIAN_HOST } from "./model";
 
 export type Rgb = readonly [number, number, number];
 
 export interface Palette {
   /** Indexed by CellState: no data, healthy, warning, error. */
   states: readonly [string, string, string, string];
-  severities: Record<Severity, string>;
-  /** Outline of markers, hover and selection: contrasts with every state color. */
+  /** Markers and the hover / selection outlines: contrasts with every state color. */
   ink: string;
 }
 
 // Healthy is the calm majority, so it is pale (light theme) or dim (dark theme); warnings
-// and errors stand out from it. Pinned by js/__tests__/colors.test.ts (deuteranopia, grey).
+// and errors stand out from it.
 export const LIGHT: Palette = {
   states: ["#ebebeb", "#8fcabc", "#e69f00", "#b3176f"],
-  severities: { info: "#0072b2", warning: "#e69f00", error: "#b3176f" },
   ink: "#1a1a1a",
 };
 
 export const DARK: Palette = {
   states: ["#3a3a3a", "#3b7a6e", "#e6a100", "#f06bb4"],
-  severities: { info: "#56b4e9", warning: "#e6a100", error: "#f06bb4" },
   ink: "#f2f2f2",
 };
 

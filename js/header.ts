@@ -46,7 +46,7 @@ export function createHeader(parent: HTMLElement): HeaderView {
       step.textContent = `step ${snap.step}`;
       const g = spark.update(snap.loss);
       const lastRaw = snap.loss.length ? snap.loss[snap.loss.length - 1]! : Number.NaN;
-      lossValue.textContent = snap.loss.length ? formatNumber(lastRaw) : "\u2014";
+      lossValue.textContent = !snap.loss.length ? "\u2014" : Number.isNaN(lastRaw) ? "NaN" : formatNumber(lastRaw);
       lossValue.classList.toggle("ndbg-nonfinite", snap.loss.length > 0 && !Number.isFinite(lastRaw));
       lossValue.title = Number.isFinite(g.last) ? `last finite loss ${formatNumber(g.last)}` : "";
     },

@@ -115,15 +115,12 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     }
     const ticks = [start, Math.floor((start + stop - 1) / 2), stop - 1];
     axis.replaceChildren(
-      ...ticks.map((t) => {
+      ...ticks.map((t, i) => {
         const span = el("span", "ndbg-map-tick");
-        span.textContent = String(t);
+        span.textContent = i === 0 ? `step ${t}` : String(t);
         return span;
       }),
     );
-    const caption = el("span", "ndbg-map-axis-caption");
-    caption.textContent = "optimizer step";
-    axis.insertBefore(caption, axis.children[1] ?? null);
   }
 
   function renderLegend(p: Palette): void {
@@ -179,7 +176,6 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     ctx.lineTo(x, y + size * 0.8);
     ctx.closePath();
     ctx.fill();
-    ctx.stroke();
   }
 
   function outline(ctx: Ctx2D, cell: Cell, firstY: number, cellW: number, width: number): void {
@@ -227,17 +223,17 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
           ctx.clearRect(0, firstY + row * ROW_HEIGHT, width, 1);
         }
       }
+      // Markers in ink (dark on light, light on dark) stand out on every state color; the
+      // cell color and the tooltip carry the severity.
       const [start, stop] = snap.mapSteps;
-      ctx.strokeStyle = palette.ink;
-      ctx.lineWidth = 1;
-      const size = Math.max(5, Math.min(9, cellW));
+      ctx.fillStyle = palette.ink;
+      const size = Math.max(7, Math.min(10, cellW));
       for (const m of snap.markers) {
         if (m.row < first || m.row >= first + visible) continue;
         const col = bucketOf(m.step, start, stop, c);
-        if (col < 0) continue;
-        ctx.fillStyle = palette.severities[m.severity] ?? palette.ink;
-        triangle(ctx, (col + 0.5) * cellW, firstY + m.row * ROW_HEIGHT + 1, size);
+        if (col >= 0) triangle(ctx, (col + 0.5) * cellW, firstY + m.row * ROW_HEIGHT + 1, size);
       }
+      ctx.strokeStyle = palette.ink;
       const sel = selectedCell(snap.selected, snap);
       if (sel) outline(ctx, sel, firstY, cellW, 2);
       if (hover && hover.row < r && hover.col < c) outline(ctx, hover, firstY, cellW, 1);

@@ -94,10 +94,11 @@ export function createSparkline(parent: HTMLElement, width = 160, height = 28): 
       for (const gx of g.gaps) {
         const mark = document.createElementNS(SVG, "rect");
         mark.setAttribute("class", "ndbg-sparkline-nan");
+        // A red tick along the bottom; a run of missing points reads as a red band.
         mark.setAttribute("x", String(gx - 0.75));
-        mark.setAttribute("y", "0");
+        mark.setAttribute("y", String(height * 0.6));
         mark.setAttribute("width", "1.5");
-        mark.setAttribute("height", String(height));
+        mark.setAttribute("height", String(height * 0.4));
         nodes.push(mark);
       }
       svg.replaceChildren(...nodes);

@@ -11,6 +11,7 @@ one transfer and become one trace row. What the numbers mean is decided elsewher
 from __future__ import annotations
 
 import math
+import time
 import warnings
 import weakref
 from collections.abc import Callable
@@ -42,6 +43,39 @@ class StepRecord:
     params: list[tuple[str, nn.Parameter, int]] = field(default_factory=list)
 
 
+class Sampler:
+    """Which steps get the full activation statistics.
+
+    Every `every`-th step by default. With an `overhead` budget (a fraction of the step
+    time), the interval grows where the statistics cost more than the budget allows: the
+    time spent computing them on a sampled step, over the step's wall time, divided by the
+    budget, is the interval that holds it. Non-finite values are still caught every step
+    by the cheap path, whatever the interval.
+    """
+
+    MAX_INTERVAL = 1000
+
+    def __init__(self, every: int, overhead: float | None) -> None:
+        self.every = every
+        self.overhead = overhead
+        self.interval = every
+        self.spent = 0.0
+        self._next = 0
+        self._last = time.perf_counter()
+
+    def next(self, step: int, sampled: bool) -> bool:
+        """Called when `step` closes; True if step + 1 is to be sampled."""
+        now = time.perf_counter()
+        wall, self._last = now - self._last, now
+        if self.overhead and self.spent > 0 and wall > self.spent:
+            need = math.ceil(self.spent / (wall - self.spent) / self.overhead)
+            self.interval = int(min(max(self.every, need), self.MAX_INTERVAL))
+        if sampled:
+            self._next = step + self.interval
+        self.spent = 0.0
+        return step + 1 >= self._next
+
+
 @dataclass
 class _Candidate:
     name: str
@@ -55,10 +89,11 @@ class Probe:
 
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
+                 overhead: float | None = None,
                  on_step: Callable[[StepRecord], None]) -> None:
         self.trace = trace
+        self.sampler = Sampler(sample_every, overhead)
         self.activations = activations
-        self.sample_every = sample_every
         self._given = roots is not None
         self._hold = hold_refs
         self._on_step = on_step
@@ -193,7 +228,9 @@ class Probe:
         self._c_mn.append(mn)
         self._c_mx.append(mx)
         if self._sampled:
+            t0 = time.perf_counter()
             self._rich.append((idx, y.numel(), stats.rich_activation(y, c.role, c.bounds, sc)))
+            self.sampler.spent += time.perf_counter() - t0
         if self._hold:
             x = first_tensor(args)
             self._refs[idx] = (None if x is None else x.detach(), y)
@@ -304,7 +341,7 @@ class Probe:
         if self._sampled and opt is not None:
             self._before = [p.detach().clone() for _, p, _ in params if p.requires_grad]
         record = StepRecord(step, self._refs, self._batch, params)
-        self._sampled = (step + 1) % self.sample_every == 0
+        self._sampled = self.sampler.next(step, self._sampled)
         refs = self._refs
         self._reset_step()
         try:

@@ -54,12 +54,15 @@ class Watch:
 
     def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
                  stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-                 activations: bool = True, report: bool | None = None,
-                 **threshold_changes: Any) -> None:
+                 overhead: float | None = 0.02, activations: bool = True,
+                 report: bool | None = None, **threshold_changes: Any) -> None:
         if stop_on not in ("error", "never"):
             raise ValueError(f"stop_on must be 'error' or 'never', got {stop_on!r}")
         if sample_every < 1:
             raise ValueError(f"sample_every must be >= 1, got {sample_every}")
+        if overhead is not None and not 0 < overhead < 1:
+            raise ValueError(f"overhead is a fraction of the step time in (0, 1), e.g. 0.02; "
+                             f"got {overhead!r} (None turns the budget off)")
         if capture_mb < 0:
             raise ValueError(f"capture_mb must be >= 0, got {capture_mb}")
         th = (thresholds or Thresholds()).with_(**threshold_changes)
@@ -69,7 +72,8 @@ class Watch:
         self.run = Run(trace, th, CaptureStore(int(capture_mb * 2**20)), Detection(th))
         self._probe = Probe(trace, _roots(model), sample_every=sample_every,
                             hold_refs=capture_mb > 0 and activations,
-                            activations=activations, on_step=self._on_step)
+                            activations=activations, overhead=overhead,
+                            on_step=self._on_step)
         self._active = False
 
     def __enter__(self) -> Run:
@@ -156,8 +160,8 @@ def _in_notebook() -> bool:
 
 def watch(model: Any = None, *, thresholds: Thresholds | None = None,
           stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-          activations: bool = True, report: bool | None = None,
-          **threshold_changes: Any) -> Watch:
+          overhead: float | None = 0.02, activations: bool = True,
+          report: bool | None = None, **threshold_changes: Any) -> Watch:
     """Watch a training loop: `with watch(model) as run: ...`.
 
     model: the module to watch (or a list/dict of them); None watches every module with
@@ -167,12 +171,14 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     stop_on: "error" raises `TrainingFailure` at the first error event, so training stops
         at the cause instead of running on in NaNs.
     capture_mb: memory budget for captured tensors (0 turns capture off).
-    sample_every: full activation statistics every N steps (non-finite values and
-        abs-max are checked every step).
+    sample_every: full activation statistics every N steps at most (non-finite values
+        and abs-max are checked every step).
+    overhead: budget for the activation statistics, as a fraction of the step time; where
+        they cost more, they are sampled less often (None: exactly every `sample_every`).
     activations: False watches gradients, weights, the loss and the input only (the
         cheapest mode: no forward hooks do any work).
     report: print the text summary at exit (default: outside notebooks).
     """
     return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,
-                 sample_every=sample_every, activations=activations, report=report,
-                 **threshold_changes)
+                 sample_every=sample_every, overhead=overhead, activations=activations,
+                 report=report, **threshold_changes)

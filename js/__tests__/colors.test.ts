@@ -43,7 +43,6 @@ describe("stateLut", () => {
     const lut = stateLut(LIGHT, true);
     expect(lut).toHaveLength(256);
     expect(lut[3]).toBe(packRgba(parseHex(LIGHT.states[3]), 255, true));
-    expect(lut[3]).toBe(packRgba(parseHex(LIGHT.severities.error), 255, true));
     expect(lut[200]).toBe(lut[0]);
     expect(new Set([lut[0], lut[1], lut[2], lut[3]]).size).toBe(4);
   });

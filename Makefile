@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up what they need.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-py test-js browser lab bench bench-quick lint clean
+
+$(STAMP): pyproject.toml package.json package-lock.json
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the CPU build on this machine's disk; a bare `torch` would pull a multi-GB CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	npm ci --no-audit --no-fund --loglevel=error
+	$(PY) -m pip install -q -e '.[notebook,test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/neuraldbg demo weight-blowup
+	$(VENV)/bin/neuraldbg demo nan-batch
+
+# Chromium for the real-browser test (Debian's package; Playwright's own download fails offline)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
+
+test: setup browser
+	npm run typecheck
+	npm test
+	$(PY) -m pytest -q
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/
+
+bench: setup
+	$(PY) benchmarks/overhead.py
+
+bench-quick: setup
+	$(PY) benchmarks/overhead.py --quick
+
+lint: setup
+	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks
+	$(VENV)/bin/mypy neuraldbg_nb
+
+clean:
+	rm -rf $(VENV) node_modules neuraldbg_nb/static

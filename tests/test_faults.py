@@ -1,0 +1,238 @@
+"""Faults injected at a known layer and step of a real (short) training: the first failure
+must name that layer and that step.
+
+Steps are 0-based optimizer steps: the forward/backward before the s-th `optimizer.step()`
+belong to step s. Every fault is injected at step S=40, well after the regime-shift history
+(window 20, warmup 5) exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import neuraldbg_nb as ndbg
+from conftest import leftover_global_hooks, leftover_module_hooks
+from models import FACTORIES, Setup, bias_of, train, weight_of
+
+S = 40
+STEPS = 60
+
+
+# -- faults: each returns the keyword arguments of `train` that inject it at step S ------
+def weight_x1000(setup: Setup, layer: str) -> dict:
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).mul_(1000.0)
+    return {"on_step_start": hit}
+
+
+def bias_1e4(setup: Setup, layer: str) -> dict:
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                bias_of(model, layer).add_(1e4)
+    return {"on_step_start": hit}
+
+
+def nan_weight(setup: Setup, layer: str) -> dict:
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).view(-1)[0] = float("nan")
+    return {"on_step_start": hit}
+
+
+def nan_input(setup: Setup, layer: str | None) -> dict:
+    def hit(step, x):
+        if step == S:
+            x = x.clone()
+            x.view(-1)[3] = float("nan")
+        return x
+    return {"on_batch": hit}
+
+
+def input_x1e4(setup: Setup, layer: str | None) -> dict:
+    return {"on_batch": lambda step, x: x * 1e4 if step == S else x}
+
+
+def lr_x1e4(setup: Setup, layer: str | None) -> dict:
+    """The learning rate is raised before optimizer.step() of step S (one bad step)."""
+    def raise_lr(step, model, opt):
+        if step == S:
+            for g in opt.param_groups:
+                g["lr"] *= 1e4
+
+    def restore(step, model, opt):
+        if step == S:
+            for g in opt.param_groups:
+                g["lr"] /= 1e4
+    return {"before_update": raise_lr, "after_update": restore}
+
+
+Fault = Callable[[Setup, str | None], dict]
+
+# (architecture, fault, role of the faulty layer in Setup.layers or None, expected layer
+#  role (None: the data), expected kind or None where several kinds are defensible)
+CASES: list[tuple[str, Fault, str | None, str | None, str | None]] = [
+    ("mlp", weight_x1000, "mid", "mid", "regime_shift"),
+    ("mlp", bias_1e4, "mid", "mid", "regime_shift"),
+    ("mlp", nan_weight, "mid", "mid", "nonfinite_activation"),
+    ("mlp", nan_input, None, None, "data_anomaly"),
+    ("mlp", input_x1e4, None, None, "data_anomaly"),
+    ("mlp", lr_x1e4, None, "first", "exploding_update"),
+    ("cnn", weight_x1000, "mid", "mid", "regime_shift"),
+    ("cnn", bias_1e4, "mid", "mid", "regime_shift"),   # conv bias before BatchNorm
+    ("cnn", nan_weight, "mid", "mid", "nonfinite_activation"),
+    ("cnn", nan_input, None, None, "data_anomaly"),
+    ("cnn", input_x1e4, None, None, "data_anomaly"),
+    ("cnn", lr_x1e4, None, "first", "exploding_update"),
+    ("rnn", weight_x1000, "head", "head", "regime_shift"),
+    # LSTM outputs are bounded by tanh: its activations cannot jump 1000x, the layer still
+    # has to be named (its weights blew up), whatever the kind.
+    ("rnn", weight_x1000, "mid", "mid", None),
+    ("rnn", bias_1e4, "head", "head", "regime_shift"),
+    ("rnn", bias_1e4, "mid", "mid", None),
+    ("rnn", nan_weight, "mid", "mid", "nonfinite_activation"),
+    ("rnn", nan_input, None, None, "data_anomaly"),
+    ("rnn", input_x1e4, None, None, "data_anomaly"),
+    ("rnn", lr_x1e4, None, "first", "exploding_update"),
+    ("transformer", weight_x1000, "mid", "mid", "regime_shift"),
+    ("transformer", bias_1e4, "bias", "bias", "regime_shift"),
+    ("transformer", nan_weight, "nan", "nan", "nonfinite_activation"),
+    ("transformer", lr_x1e4, None, "first", "exploding_update"),
+]
+
+
+def _id(case) -> str:
+    arch, fault, role, _, _ = case
+    return f"{arch}-{fault.__name__}" + (f"-{role}" if role else "")
+
+
+def run_with_fault(arch: str, fault: Fault, role: str | None, **watch_kw):
+    setup = FACTORIES[arch]()
+    layer = setup.layers[role] if role else None
+    with ndbg.watch(setup.model, report=False, **watch_kw) as run:
+        train(setup, STEPS, **fault(setup, layer))
+    return setup, run
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_first_failure_is_the_injected_fault(case):
+    arch, fault, role, expected_role, kind = case
+    setup, run = run_with_fault(arch, fault, role)
+    expected_layer = setup.layers[expected_role] if expected_role else None
+    errors = [e for e in run.events if e.severity == "error"]
+    assert errors, f"no error event at all; events: {[str(e) for e in run.events]}"
+    early = [str(e) for e in errors if e.step < S]
+    assert not early, f"error events before the fault at step {S}: {early}"
+    ff = run.first_failure
+    assert ff is not None
+    got = (ff.step, ff.layer, ff.kind)
+    assert ff.step == S, f"first failure {got}, expected step {S}: {ff.message}"
+    assert ff.layer == expected_layer, (
+        f"first failure {got}, expected layer {expected_layer!r}: {ff.message}")
+    if kind is not None:
+        assert ff.kind == kind, f"first failure {got}, expected kind {kind!r}: {ff.message}"
+    assert ff.severity in ("warning", "error")
+    assert run.trace.n_steps == STEPS
+    assert run.status == "finished"
+
+
+MESSAGE_CASES = [("mlp", weight_x1000, "mid"), ("mlp", nan_input, None),
+                 ("mlp", input_x1e4, None), ("mlp", lr_x1e4, None)]
+
+
+@pytest.mark.parametrize("arch,fault,role", MESSAGE_CASES,
+                         ids=[f"{a}-{f.__name__}" for a, f, _ in MESSAGE_CASES])
+def test_first_failure_message_is_a_sentence_with_the_numbers(arch, fault, role):
+    setup, run = run_with_fault(arch, fault, role)
+    ff = run.first_failure
+    assert ff is not None
+    msg = ff.message
+    assert f"step {S}" in msg, msg
+    if ff.layer is not None:
+        assert msg.startswith(ff.layer), msg
+    assert msg[:1].isalnum(), f"message starts with {msg[:1]!r}: {msg!r}"
+    assert any(ch.isdigit() for ch in msg.replace(f"step {S}", "")), msg
+    assert "\n" not in msg
+
+
+# -- stop_on="error" --------------------------------------------------------------------
+def _assert_unhooked(model: torch.nn.Module) -> None:
+    assert leftover_global_hooks() == []
+    assert leftover_module_hooks(model) == []
+
+
+def test_stop_on_error_raises_at_the_failure_step_before_the_update():
+    setup = FACTORIES["mlp"]()
+    layer = setup.layers["mid"]
+    snapshot: dict[str, torch.Tensor] = {}
+
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).mul_(1000.0)
+            snapshot.update({k: v.clone() for k, v in model.state_dict().items()})
+
+    with pytest.raises(ndbg.TrainingFailure) as info:
+        with ndbg.watch(setup.model, stop_on="error", report=False):
+            train(setup, STEPS, on_step_start=hit)
+    run = info.value.run
+    assert isinstance(info.value, RuntimeError)
+    assert run.status == "stopped"
+    # raised from the optimizer pre-step hook of step S: the step is recorded ...
+    assert run.trace.n_steps == S + 1
+    assert run.first_failure is not None
+    assert (run.first_failure.step, run.first_failure.layer) == (S, layer)
+    assert f"step {S}" in str(info.value)
+    # ... and the update of step S never happened: training stopped at the cause
+    for k, v in setup.model.state_dict().items():
+        assert torch.equal(v, snapshot[k]), f"{k} changed after the stop"
+    assert ndbg.last_run() is run
+    _assert_unhooked(setup.model)
+
+
+def test_stop_on_error_for_a_bad_update_raises_one_step_later():
+    """An update can only be judged after it happened: the exploding update of step S is
+    seen at the next step boundary, so the trace has S+2 steps, the root is still step S."""
+    with pytest.raises(ndbg.TrainingFailure) as info:
+        with ndbg.watch((setup := FACTORIES["mlp"]()).model, stop_on="error", report=False):
+            train(setup, STEPS, **lr_x1e4(setup, None))
+    run = info.value.run
+    assert run.trace.n_steps == S + 2
+    ff = run.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (S, setup.layers["first"], "exploding_update")
+    _assert_unhooked(setup.model)
+
+
+def test_stop_on_error_for_bad_data():
+    setup = FACTORIES["cnn"]()
+    with pytest.raises(ndbg.TrainingFailure) as info:
+        with ndbg.watch(setup.model, stop_on="error", report=False):
+            train(setup, STEPS, **nan_input(setup, None))
+    run = info.value.run
+    assert run.trace.n_steps == S + 1
+    ff = run.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (S, None, "data_anomaly")
+    assert all(e.step == S for e in run.events if e.severity == "error")
+    _assert_unhooked(setup.model)
+
+
+def test_stop_on_never_trains_through_a_nan():
+    setup, run = run_with_fault("cnn", nan_input, None)
+    assert run.status == "finished"
+    assert run.trace.n_steps == STEPS
+    assert run.first_failure.step == S
+
+
+def test_capture_at_the_first_failure_holds_the_blown_up_output():
+    setup, run = run_with_fault("mlp", weight_x1000, "mid")
+    cap = run.inspect(run.first_failure)
+    assert cap.step == S and cap.layer == setup.layers["mid"]
+    out = cap["output"]
+    assert out.abs().max().item() > 500 * run.first_failure.previous
+    assert torch.isfinite(out).all()
