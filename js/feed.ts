@@ -2,7 +2,7 @@
  * The first failure, pinned in one sentence, and the event feed: causes in step order with
  * their symptoms grouped under them. Long feeds render only their latest rows.
  */
-import type { FirstFailure, PanelEvent, Selection, Snapshot } from "./model";
+import { isSelected, type FirstFailure, type PanelEvent, type Selection, type Snapshot } from "./model";
 
 /** Rows rendered at most (causes + symptoms); earlier groups collapse into one line. */
 export const FEED_CAP = 200;
@@ -61,10 +61,6 @@ export function buildFeed(events: readonly PanelEvent[], cap = FEED_CAP, symptom
   }
   out.reverse();
   return { groups: out, hidden: events.length - shownEvents };
-}
-
-export function isSelected(ev: { layer: string | null; step: number }, sel: Selection | null): boolean {
-  return sel !== null && sel.layer === ev.layer && sel.step === ev.step;
 }
 
 export interface FeedView {

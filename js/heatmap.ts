@@ -61,6 +61,7 @@ function el<K extends keyof HTMLElementTagNameMap>(
 
 export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): HeatmapView {
   const root = el("div", "ndbg-map", parent);
+  root.style.setProperty("--ndbg-row-height", `${ROW_HEIGHT}px`);
   const scroll = el("div", "ndbg-map-scroll", root);
   scroll.style.maxHeight = `${MAX_VIEW_HEIGHT}px`;
   const body = el("div", "ndbg-map-body", scroll);
@@ -87,12 +88,14 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
   const cols = (): number => snap?.mapCols ?? 0;
   const viewHeight = (): number => Math.min(rows() * ROW_HEIGHT, MAX_VIEW_HEIGHT);
 
+  /** Width of the cell area: from the ResizeObserver, else read once, else a guess (detached). */
   function measure(): number {
-    return cells.clientWidth || cssWidth || FALLBACK_WIDTH;
+    return cssWidth || cells.clientWidth || FALLBACK_WIDTH;
   }
 
   function renderLabels(layers: string[]): void {
-    const chars = Math.min(MAX_LABEL_CHARS, Math.max(4, ...layers.map((l) => l.length)));
+    const longest = layers.reduce((n, l) => Math.max(n, l.length), 4);
+    const chars = Math.min(MAX_LABEL_CHARS, longest);
     // Labels and axis share the monospace font, so `ch` lines the axis up with the cells.
     const width = `calc(${chars + 1}ch + 11px)`;
     labels.style.width = width;

@@ -1,7 +1,7 @@
 /**
- * The neuraldbg panel (anywidget front end). Wires the model to the views: every trait
- * change marks what it affects, and one requestAnimationFrame a frame updates only that.
- * Writes to Python go through the one debounced sync helper.
+ * The neuraldbg panel (anywidget front end). Wires the model to the views: a trait change
+ * marks the trait dirty, and one requestAnimationFrame callback per frame updates only the
+ * views that read it. Writes to Python go through the one debounced sync helper.
  */
 import type { RenderProps } from "@anywidget/types";
 import { pickStep } from "./bucketing";
@@ -71,10 +71,12 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
   });
   const feed = createFeed(root, { onSelect: select });
 
+  let reclassifying = false;
   let reclassifyTimer: ReturnType<typeof setTimeout> | undefined;
   function setReclassifying(on: boolean): void {
     if (reclassifyTimer !== undefined) clearTimeout(reclassifyTimer);
     reclassifyTimer = on ? setTimeout(() => setReclassifying(false), RECLASSIFY_TIMEOUT_MS) : undefined;
+    reclassifying = on;
     sliders.setBusy(on);
     root.dataset.reclassifying = String(on);
   }
@@ -116,7 +118,7 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
 
   const listeners = TRAITS.map((name) => {
     const handler = (): void => {
-      if (RECLASSIFIED.has(name) && root.dataset.reclassifying === "true") setReclassifying(false);
+      if (reclassifying && RECLASSIFIED.has(name)) setReclassifying(false);
       dirty.add(name);
       schedule();
     };

@@ -4,8 +4,7 @@
  * says it is waiting until Python sends the HTML for it (during a run, clicks reach the
  * kernel only when the cell finishes).
  */
-import { isSelected } from "./feed";
-import type { Selection } from "./model";
+import { isSelected, type Selection } from "./model";
 
 export interface InspectorView {
   readonly el: HTMLElement;

@@ -47,6 +47,11 @@ export interface Selection {
   step: number;
 }
 
+/** Does `sel` point at this event (or selection)? */
+export function isSelected(ev: Selection, sel: Selection | null): boolean {
+  return sel !== null && sel.layer === ev.layer && sel.step === ev.step;
+}
+
 /** Binary traits: a DataView from the widget manager; other views tolerated (tests, old managers). */
 export type Binary = DataView | ArrayBuffer | ArrayBufferView | null | undefined;
 

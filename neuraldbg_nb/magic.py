@@ -8,8 +8,10 @@ the next cells can inspect it.
 
 from __future__ import annotations
 
+import difflib
 import sys
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
@@ -52,13 +54,17 @@ class NeuralDbgMagics(Magics):
     @argument("--no-panel", action="store_true", help="print the text summary instead")
     @argument("-o", "--output", default=None, metavar="NAME",
               help="also bind the Run to NAME in the notebook's namespace")
+    @argument("-h", "--help", action="store_true", help="show this help and do nothing")
     @_threshold_arguments
     @cell_magic
     def neuraldbg(self, line: str, cell: str) -> None:
         """Watch the training in this cell: a live panel of each layer's health, the first
         failure named, click-to-inspect, threshold sliders. The Run is also
         `neuraldbg_nb.last_run()`."""
-        args = parse_argstring(self.neuraldbg, line)
+        args = _parse(self.neuraldbg, line)
+        if args.help:
+            print(self.neuraldbg.parser.format_help())
+            return
         changes = {k: getattr(args, k) for k in _THRESHOLD_OPTIONS if getattr(args, k) is not None}
         w = watch(None, stop_on=args.stop_on, capture_mb=args.capture_mb,
                   sample_every=args.sample_every, activations=not args.no_activations,
@@ -80,6 +86,19 @@ class NeuralDbgMagics(Magics):
                 print(run, file=sys.stdout)
             if run.notes:
                 print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
+
+
+def _parse(magic, line: str):  # noqa: ANN001, ANN202
+    """Parse the options; an unknown one gets a spelling hint."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as err:
+        known = [o for a in magic.parser._actions for o in a.option_strings]
+        hints = [difflib.get_close_matches(tok.split("=")[0], known, n=1)
+                 for tok in line.split() if tok.startswith("-") and tok.split("=")[0] not in known]
+        hint = "; ".join(f"did you mean {h[0]}?" for h in hints if h)
+        raise UsageError(f"%%neuraldbg: {err}" + (f" ({hint})" if hint else "")
+                         + ". See %%neuraldbg --help") from None
 
 
 def _panel(run):  # noqa: ANN001, ANN202

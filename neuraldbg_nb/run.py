@@ -64,7 +64,8 @@ class Run:
     # -- results ----------------------------------------------------------------------
     @property
     def events(self) -> list[Event]:
-        """Semantic events on transitions, in step order."""
+        """Semantic events on transitions, in step order (up to the last recorded step)."""
+        self.detection.advance(self.trace)
         return self.detection.events
 
     @property

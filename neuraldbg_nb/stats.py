@@ -100,8 +100,9 @@ def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:
         dense = [tensors[i] for i in idx]
         if dense[0].is_sparse:
             norms = [torch.linalg.vector_norm(t.coalesce().values()) for t in dense]
-        else:
-            norms = list(torch._foreach_norm(dense))
+        else:  # half-precision norms overflow at 65504: accumulate in float32
+            wide = torch.float32 if dense[0].element_size() < 4 else None
+            norms = list(torch._foreach_norm(dense, 2, dtype=wide))
         for i, n in zip(idx, norms):
             pos[i] = into.add(n)
     return pos

@@ -7,7 +7,9 @@ removed on every way out of the block: normal exit, an exception, KeyboardInterr
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -15,7 +17,7 @@ from typing import Any, Literal
 from torch import nn
 
 from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
-from .detect import Detection
+from .detect import Detection, wake
 from .probe import Probe, StepRecord
 from .run import Run, TrainingFailure
 from .thresholds import Thresholds
@@ -75,6 +77,8 @@ class Watch:
                             activations=activations, overhead=overhead,
                             on_step=self._on_step)
         self._active = False
+        self._schedule = ScanSchedule(th)
+        self._seen = 0
 
     def __enter__(self) -> Run:
         global _last
@@ -111,13 +115,19 @@ class Watch:
         else:
             run.status = "raised"
             run.exception = exc
+        run.detection.advance(run.trace)
         run._notify([])
         if self.report or (self.report is None and not _in_notebook()):
             print(run, file=sys.stderr)
 
     def _on_step(self, record: StepRecord) -> None:
         run = self.run
-        new = run.detection.advance(run.trace)
+        if self.stop_on == "error" or self._schedule.due(run.trace, run.detection):
+            started = time.perf_counter()
+            run.detection.advance(run.trace)
+            self._schedule.scanned(time.perf_counter() - started)
+        new = run.detection.emitted[self._seen:]
+        self._seen = len(run.detection.emitted)
         self._capture(record, new)
         run._notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
@@ -148,6 +158,35 @@ class Watch:
                     tensors["grad"] = p.grad
                     first_grad = False
             store.add(record.step, names[idx], EVENT if idx in fired else REFERENCE, tensors)
+
+
+class ScanSchedule:
+    """When the live run scans for events: at once when the newest step looks like the
+    start of one (`wake`), else in batches sized so that scanning costs about `BUDGET` of
+    the training time, and at least every `MAX_LATENCY` seconds. Batching changes when
+    events are found, never which (the scan is chunk-invariant)."""
+
+    BUDGET = 0.005
+    MAX_LATENCY = 2.0
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.thresholds = thresholds
+        self.interval = 1
+        self._step_time = 0.0
+        self._last_step = self._last_scan = time.perf_counter()
+
+    def due(self, trace: Trace, detection: Detection) -> bool:
+        now = time.perf_counter()
+        wall, self._last_step = now - self._last_step, now
+        self._step_time = wall if self._step_time == 0 else 0.9 * self._step_time + 0.1 * wall
+        pending = trace.n_steps - detection.steps_done
+        return pending > 0 and (pending >= self.interval or now - self._last_scan >= self.MAX_LATENCY
+                                or wake(trace, self.thresholds))
+
+    def scanned(self, cost: float) -> None:
+        self._last_scan = time.perf_counter()
+        if self._step_time > 0:
+            self.interval = max(1, min(10_000, math.ceil(cost / (self.BUDGET * self._step_time))))
 
 
 def _in_notebook() -> bool:

@@ -17,6 +17,7 @@ from ..trace import Trace
 from . import activations, data, gradients, loss, regime, updates
 from ._scan import Carry, Finding, scan
 from .rootcause import first_failure, symptoms
+from .wake import wake
 from .states import StateMap
 
 Detector = Callable[[Trace, int, int, Thresholds], list[Finding]]
@@ -38,6 +39,7 @@ class Detection:
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
         self._events: list[Event] = []
+        self._sorted: list[Event] | None = []
         self._carries: dict[tuple[str, str], Carry] = {}
         self.steps_done = 0
 
@@ -59,11 +61,21 @@ class Detection:
                 carry = self._carries.setdefault((f.kind, f.signal), Carry())
                 scan(chunk, carry, start, names, th.patience, self._events)
         self.steps_done = stop
+        self._sorted = None
         return sorted(self._events[before:], key=_order)
 
     @property
     def events(self) -> list[Event]:
-        return sorted(self._events, key=_order)
+        """All events so far, in step order (and forward order within a step)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._events, key=_order)
+        return self._sorted
+
+    @property
+    def emitted(self) -> list[Event]:
+        """All events so far in the order they were found (new ones are appended; an
+        event's `end` is filled in place when its state ends)."""
+        return self._events
 
 
 def _order(e: Event) -> tuple[int, int, str]:
@@ -79,4 +91,5 @@ def detect(trace: Trace, thresholds: Thresholds | None = None
     return StateMap(events, trace.n_steps, trace.n_layers), events
 
 
-__all__ = ["DETECTORS", "Detection", "StateMap", "detect", "first_failure", "symptoms"]
+__all__ = ["DETECTORS", "Detection", "StateMap", "detect", "first_failure", "symptoms",
+           "wake"]

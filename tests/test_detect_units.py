@@ -1,0 +1,317 @@
+"""Detectors on hand-made traces: patience, hysteresis, non-finite values that never
+recover, regime shifts against a layer's own history, the seed's exploding-gradient rule,
+and the promise that a live (incremental) detection and a re-classification give exactly
+the events of a one-go `detect(trace)`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import neuraldbg_nb as ndbg
+from neuraldbg_nb.detect import Detection, detect
+from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
+from models import mlp, train
+
+N = 60
+
+
+def build(layers: list[tuple[str, str]], cols: dict[str, np.ndarray],
+          scalars: dict[str, np.ndarray] | None = None, n: int = N) -> Trace:
+    """A trace of n steps; cols are (n, layers) arrays, scalars (n,) arrays."""
+    t = Trace()
+    for name, role in layers:
+        t.add_layer(name, "Linear", role, True)
+    for s in range(n):
+        t.append({c: np.asarray(v[s], np.float32) for c, v in cols.items()},
+                 {c: float(v[s]) for c, v in (scalars or {}).items()})
+    return t
+
+
+def noisy(level: float, n: int = N, cols: int = 1, sigma: float = 0.05, seed: int = 0):
+    """A level with a little multiplicative noise (log-normal), as real traces have."""
+    rng = np.random.default_rng(seed)
+    return level * np.exp(sigma * rng.standard_normal((n, cols)))
+
+
+def of(events, kind=None, layer="any", signal=None):
+    return [e for e in events if (kind is None or e.kind == kind)
+            and (layer == "any" or e.layer == layer)
+            and (signal is None or e.signal == signal)]
+
+
+def key(e) -> tuple:
+    """An event as comparable data (NaN == NaN)."""
+    f = lambda x: "nan" if isinstance(x, float) and math.isnan(x) else x  # noqa: E731
+    return tuple(f(v) for v in e.to_dict().values())
+
+
+# -- patience ---------------------------------------------------------------------------------
+def test_vanishing_needs_patience_and_is_reported_at_its_first_step():
+    g = noisy(1e-2, cols=2)
+    g[25, 0] = 1e-8                 # one-step dip: not vanishing
+    g[40:42, 0] = 1e-8              # two steps: still not (patience 3)
+    g[30:33, 1] = 1e-8              # three steps: vanishing, from step 30
+    trace = build([("a", "other"), ("b", "other")], {"grad_norm": g})
+    _, events = detect(trace)
+    assert of(events, "vanishing_gradient", "a") == []
+    van = of(events, "vanishing_gradient", "b")
+    assert len(van) == 1
+    assert van[0].step == 30 and van[0].severity == "error"
+    assert van[0].value == pytest.approx(1e-8, rel=1e-3)
+    assert van[0].end == 33          # back to healthy at step 33
+    rec = of(events, "recovery", "b")
+    assert [e.step for e in rec] == [33]
+
+
+def test_patience_is_a_threshold_setting():
+    g = noisy(1e-2, cols=1)
+    g[30:32, 0] = 1e-8
+    trace = build([("a", "other")], {"grad_norm": g})
+    assert of(detect(trace)[1], "vanishing_gradient") == []
+    found = of(detect(trace, ndbg.Thresholds(patience=2))[1], "vanishing_gradient")
+    assert [e.step for e in found] == [30]
+
+
+# -- exploding gradients: the seed's rule -------------------------------------------------------
+def test_exploding_gradient_root_is_the_layer_with_the_highest_norm():
+    g = noisy(1.0, cols=3)
+    g[30, 0] = 5e3
+    g[30, 1] = 2e4
+    trace = build([("a", "other"), ("b", "other"), ("c", "other")], {"grad_norm": g})
+    _, events = detect(trace)
+    exp = of(events, "exploding_gradient")
+    assert sorted((e.step, e.layer) for e in exp) == [(30, "a"), (30, "b")]
+    assert all(e.severity == "error" for e in exp)
+    root = ndbg.detect.first_failure(events, ndbg.Thresholds())
+    assert (root.step, root.layer, root.kind) == (30, "b", "exploding_gradient")
+    # a gradient jump is a symptom, never a cause on its own: no errors from it
+    assert all(e.severity != "error" for e in of(events, "regime_shift"))
+
+
+def test_an_activation_jump_before_the_exploding_gradients_is_the_root():
+    g = noisy(1.0, cols=3)
+    a = noisy(2.0, cols=3, seed=1)
+    a[30:, 1] *= 500                # layer b's activations jump at step 30 ...
+    g[30:, :] = 5e4                 # ... and every gradient explodes
+    g[30:, 2] = 9e4                 # the loudest gradient is c's
+    trace = build([("a", "other"), ("b", "other"), ("c", "other")],
+                  {"grad_norm": g, "act_absmax": a})
+    _, events = detect(trace)
+    root = ndbg.detect.first_failure(events, ndbg.Thresholds())
+    assert (root.step, root.layer, root.kind) == (30, "b", "regime_shift")
+
+
+# -- non-finite: never healthy, never a recovery -------------------------------------------------
+def test_nonfinite_is_never_a_recovery():
+    a = noisy(1.0, cols=2)
+    g = noisy(0.1, cols=2, seed=3)
+    loss = noisy(1.0)[:, 0]
+    a[30, 0] = np.inf               # one non-finite step, then finite again
+    g[35, 1] = np.inf
+    loss[40] = np.inf
+    trace = build([("a", "other"), ("b", "other")], {"act_absmax": a, "grad_norm": g},
+                  {"loss": loss})
+    states, events = detect(trace)
+    act = of(events, "nonfinite_activation")
+    assert [(e.step, e.layer, e.severity, e.end) for e in act] == [(30, "a", "error", None)]
+    grad = of(events, "nonfinite_gradient")
+    assert [(e.step, e.layer, e.end) for e in grad] == [(35, "b", None)]
+    lossev = of(events, "loss_nonfinite")
+    assert [(e.step, e.layer, e.end) for e in lossev] == [(40, None, None)]
+    assert of(events, "recovery") == []
+    dense = states.dense()
+    assert (dense[30:, 0] == 3).all() and (dense[:30, 0] == 1).all()
+    assert (dense[35:, 1] == 3).all()
+
+
+def test_nan_in_the_trace_means_not_measured_not_healthy():
+    """Unmeasured steps hold the state: a sampled column that is NaN between samples
+    neither ends a condition nor starts one."""
+    d = np.full((N, 1), np.nan)
+    d[::5, 0] = 0.1
+    d[30::5, 0] = 0.95              # from step 30 on, every sample is dead
+    trace = build([("r", "relu")], {"dead_frac": d})
+    _, events = detect(trace)
+    dead = of(events, "dead_units")
+    assert [(e.step, e.severity) for e in dead] == [(30, "error")]
+    assert dead[0].end is None
+    assert of(events, "recovery") == []
+
+
+# -- regime shifts against the layer's own history ---------------------------------------------
+def test_regime_shift_is_relative_to_the_layers_own_history():
+    a = np.concatenate([noisy(1e-3, seed=4), noisy(10.0, seed=5), noisy(1e-3, seed=6)], 1)
+    a[30:, 0] *= 100                # a layer at 1e-3 jumping 100x
+    a[30:, 1] += 0.099              # same absolute change at scale 10: nothing
+    a[30:, 2] *= 1000               # 1000x: an error
+    trace = build([("small", "other"), ("big", "other"), ("tiny", "other")],
+                  {"act_absmax": a})
+    _, events = detect(trace)
+    small = of(events, "regime_shift", "small", "activation")
+    assert [e.step for e in small] == [30]
+    assert small[0].severity in ("warning", "error")
+    assert small[0].previous == pytest.approx(1e-3, rel=0.1)
+    assert of(events, "regime_shift", "big") == []
+    tiny = of(events, "regime_shift", "tiny", "activation")
+    assert [(e.step, e.severity) for e in tiny] == [(30, "error")]
+    assert "1e+03x" in tiny[0].message or "jumped" in tiny[0].message
+
+
+def test_slow_drift_is_not_a_regime_shift():
+    a = (1.1 ** np.arange(N))[:, None] * noisy(1.0, seed=7)   # x1.1 per step: 300x in all
+    trace = build([("drift", "other")], {"act_absmax": a})
+    assert of(detect(trace)[1], "regime_shift") == []
+
+
+def test_regime_shift_needs_warmup_history():
+    a = noisy(1.0)
+    a[3, 0] = 1e4                   # before `warmup` steps of history: not judged
+    trace = build([("a", "other")], {"act_absmax": a})
+    assert [e.step for e in of(detect(trace)[1], "regime_shift")] == []
+
+
+# -- hysteresis --------------------------------------------------------------------------------
+def test_value_hovering_at_the_threshold_gives_one_event():
+    g = noisy(1.0, cols=1)
+    g[20:41, 0] = [1010.0, 990.0] * 10 + [1010.0]   # hovering around explode=1e3
+    trace = build([("a", "other")], {"grad_norm": g})
+    _, events = detect(trace)
+    exp = of(events, "exploding_gradient")
+    assert [(e.step, e.end) for e in exp] == [(20, 41)]
+    assert [e.step for e in of(events, "recovery", "a", "gradient")] == [41]
+
+
+def test_dead_units_hovering_at_the_threshold_give_one_event():
+    d = np.full((N, 1), 0.1)
+    d[20:48, 0] = [0.55, 0.55, 0.55, 0.45] * 7       # held 3 steps, then one healthy dip
+    trace = build([("r", "relu")], {"dead_frac": d})
+    _, events = detect(trace)
+    dead = of(events, "dead_units")
+    assert [(e.step, e.severity, e.end) for e in dead] == [(20, "warning", 48)]
+
+
+# -- incremental detection, reclassification -----------------------------------------------------
+def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Several events of several kinds in one trace."""
+    n, L = 120, 4
+    layers = [("in", "other"), ("relu", "relu"), ("tanh", "bounded"), ("out", "other")]
+    rng = np.random.default_rng(11)
+    jitter = lambda lvl: lvl * np.exp(0.1 * rng.standard_normal((n, L)))  # noqa: E731
+    g = jitter(0.1)
+    g[25:29, 2] = 1e-8                              # vanishing at step 25
+    g[50, 3] = 5e4                                  # exploding at 50
+    g[100:, 0] = np.inf                             # non-finite gradient at 100
+    a = jitter(2.0)
+    a[70:, 1] *= 300                                # activation jump at 70
+    a[100:, 0] = np.inf                             # non-finite activation at 100
+    pn = jitter(5.0) * 0 + 5.0 + np.cumsum(np.full((n, L), 0.001), 0)
+    pn[60:, 3] *= 3.0                               # weights tripled in the update of 60
+    upd = np.full((n, L), np.nan)
+    upd[::10] = 1e-3
+    dead = np.full((n, L), np.nan)
+    dead[::5, 1] = 0.1
+    dead[80::5, 1] = 0.7                            # dead units from 80
+    sat = np.full((n, L), np.nan)
+    sat[::5, 2] = 0.05
+    sat[40:45, 2] = 0.9                             # saturation 40..44
+    loss = 1.0 * np.exp(0.05 * rng.standard_normal(n))
+    loss[90:93] = 50.0                              # divergence at 90
+    lr = np.full(n, 0.1)
+    lr[85:] = 10.0                                  # learning rate raised at 85
+    in_absmax = 3.0 * np.exp(0.05 * rng.standard_normal(n))
+    in_absmax[33] = 3e4                             # a shifted batch at 33
+    in_nonfinite = np.zeros(n)
+    in_nonfinite[110] = 4.0                         # a batch with NaNs at 110
+    cols = {"grad_norm": g, "act_absmax": a, "param_norm": pn, "update_ratio": upd,
+            "dead_frac": dead, "sat_frac": sat}
+    scalars = {"loss": loss, "lr": lr, "in_absmax": in_absmax, "in_nonfinite": in_nonfinite,
+               "in_const": np.zeros(n), "in_repeat": np.zeros(n)}
+    return layers, cols, scalars
+
+
+def _live(layers, cols, scalars, chunk: int = 1, th=None):
+    """Rebuild the trace the way the probe does (a step's weight norm and update size are
+    filled in one step late) and advance a Detection every `chunk` steps."""
+    late = ("param_norm", "update_ratio")
+    n = len(scalars["loss"])
+    t = Trace()
+    for name, role in layers:
+        t.add_layer(name, "Linear", role, True)
+    det = Detection(th or ndbg.Thresholds())
+    streamed = []
+    for s in range(n):
+        if s > 0:
+            for c in late:
+                t.set_layer_values(c, s - 1, cols[c][s - 1].astype(np.float32))
+        t.append({c: v[s].astype(np.float32) for c, v in cols.items() if c not in late},
+                 {c: float(v[s]) for c, v in scalars.items()})
+        if (s + 1) % chunk == 0 or s == n - 1:
+            streamed += det.advance(t)
+    return t, det, streamed
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_incremental_detection_equals_detect_in_one_go(chunk):
+    layers, cols, scalars = rich_trace()
+    full = build(layers, cols, scalars, n=len(scalars["loss"]))
+    _, events = detect(full)
+    kinds = {e.kind for e in events}
+    for k in ("vanishing_gradient", "exploding_gradient", "nonfinite_gradient",
+              "nonfinite_activation", "regime_shift", "dead_units", "saturation",
+              "exploding_update", "data_anomaly", "loss_divergence", "lr_change"):
+        assert k in kinds, f"the test trace should produce {k}; got {sorted(kinds)}"
+    t, det, streamed = _live(layers, cols, scalars, chunk=chunk)
+    assert [key(e) for e in det.events] == [key(e) for e in events]
+    # what was handed out step by step is the same set (ends are filled in later)
+    strip = lambda e: key(e)[:-2]  # noqa: E731 - without `end` and `order`
+    assert sorted(map(strip, streamed)) == sorted(
+        strip(e) for e in events), "advance() returned other events than detect()"
+    for name in LAYER_COLUMNS:
+        np.testing.assert_array_equal(t.col(name), full.col(name))
+
+
+@pytest.mark.parametrize("changes", [{"jump": 5.0, "patience": 2},
+                                     {"vanish": 1e-9, "explode": 1e5},
+                                     {"window": 8, "warmup": 3, "max_update": 0.5}])
+def test_incremental_detection_equals_detect_under_other_thresholds(changes):
+    layers, cols, scalars = rich_trace()
+    th = ndbg.Thresholds(**changes)
+    full = build(layers, cols, scalars, n=len(scalars["loss"]))
+    _, events = detect(full, th)
+    _, det, _ = _live(layers, cols, scalars, chunk=1, th=th)
+    assert [key(e) for e in det.events] == [key(e) for e in events]
+
+
+def _faulty_mlp_run(**watch_kw):
+    setup = mlp()
+
+    def hit(step, model, opt):
+        if step in (40, 55):
+            with torch.no_grad():
+                model[2].weight.mul_(30.0)
+    with ndbg.watch(setup.model, report=False, **watch_kw) as run:
+        train(setup, 70, on_step_start=hit)
+    return run
+
+
+@pytest.mark.parametrize("changes", [{"jump": 5.0, "jump_error": 20.0, "patience": 2},
+                                     {"explode": 50.0, "window": 10}])
+def test_reclassify_equals_a_live_run_with_those_thresholds(changes):
+    default = _faulty_mlp_run()
+    before = [key(e) for e in default.events]
+    live = _faulty_mlp_run(**changes)
+    again = default.reclassify(**changes)
+    assert again.thresholds == live.thresholds
+    assert [key(e) for e in again.events] == [key(e) for e in live.events]
+    ff_live, ff_again = live.first_failure, again.first_failure
+    assert (ff_live is None) == (ff_again is None)
+    if ff_live is not None:
+        assert key(ff_live) == key(ff_again)
+    assert [key(e) for e in default.events] == before, "reclassify changed the original"
+    assert [key(e) for e in again.reclassify(ndbg.Thresholds()).events] == before
+    # the changes did change something, so the comparison means something
+    assert [key(e) for e in again.events] != before

@@ -1,0 +1,66 @@
+"""Healthy training must stay quiet: no error event, at most one warning, no first failure.
+
+Each architecture is trained for 200 steps with a sane learning rate on data with 10%
+label noise (as real data has), and checked to actually learn. A second set trains on
+the clean data, where the model fits its batches almost perfectly and the per-batch
+gradient norm keeps fluctuating: that is still healthy training.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import neuraldbg_nb as ndbg
+from models import FACTORIES, train
+
+STEPS = 200
+
+
+def _train_watched(arch: str, label_noise: float, seed: int = 0):
+    setup = FACTORIES[arch](seed, label_noise=label_noise)
+    with ndbg.watch(setup.model, report=False) as run:
+        losses = train(setup, STEPS)
+    return setup, run, torch.stack(losses)
+
+
+def _assert_quiet(run, losses):
+    first, last = losses[:20].mean().item(), losses[-20:].mean().item()
+    assert last < 0.7 * first, f"the model did not learn ({first:.3f} -> {last:.3f})"
+    loud = [e for e in run.events if e.severity in ("warning", "error")]
+    errors = [str(e) for e in loud if e.severity == "error"]
+    assert not errors, f"error events on healthy training: {errors}"
+    assert len(loud) <= 1, (f"{len(loud)} warnings on healthy training, kinds "
+                            f"{sorted({(e.kind, e.signal) for e in loud})}; first ones: "
+                            f"{[str(e) for e in loud[:5]]}")
+    assert run.first_failure is None
+    assert run.trace.n_steps == STEPS
+    assert run.status == "finished"
+
+
+@pytest.mark.parametrize("arch", list(FACTORIES))
+def test_healthy_training_is_quiet(arch):
+    _, run, losses = _train_watched(arch, label_noise=0.1)
+    _assert_quiet(run, losses)
+
+
+@pytest.mark.parametrize("arch", list(FACTORIES))
+def test_healthy_training_to_a_near_perfect_fit_is_quiet(arch):
+    _, run, losses = _train_watched(arch, label_noise=0.0)
+    _assert_quiet(run, losses)
+
+
+def test_healthy_runs_record_every_layer_every_step():
+    setup, run, _ = _train_watched("cnn", label_noise=0.1)
+    names = run.trace.layer_names
+    # forward execution order; dropout-like/reshape modules are not layers
+    assert names[:6] == ["0", "1", "2", "3", "4", "5"]
+    assert "7" not in names  # nn.Flatten
+    a = run.trace.col("act_absmax")
+    assert torch.isfinite(torch.from_numpy(a)).all()
+    g = run.trace.col("grad_norm")
+    for i, info in enumerate(run.trace.layers):
+        if info.has_params:
+            assert (g[:, i] > 0).all(), f"{info.name}: grad norm missing or zero"
+    loss = run.trace.scalar("loss")
+    assert (loss > 0).all() and (loss < 10).all()

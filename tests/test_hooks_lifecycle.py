@@ -1,0 +1,258 @@
+"""Hooks come and go with the `with` block, on every way out; steps are counted right for
+nested watches, re-entered watches, gradient accumulation, loops without an optimizer and
+loops with two optimizers."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+import neuraldbg_nb as ndbg
+from conftest import ORIGINAL_BACKWARD, leftover_global_hooks, leftover_module_hooks
+from models import mlp, train
+
+
+def _assert_unhooked(model: nn.Module) -> None:
+    assert leftover_global_hooks() == []
+    assert leftover_module_hooks(model) == []
+    assert torch.autograd.backward is ORIGINAL_BACKWARD
+
+
+def _assert_hooked() -> None:
+    """Inside a block: the probe's hooks are there (so the checks above can fail)."""
+    left = leftover_global_hooks()
+    assert any("forward" in x for x in left), left
+    assert any("optimizer" in x for x in left), left
+    assert torch.autograd.backward is not ORIGINAL_BACKWARD
+
+
+# -- every way out of the block -----------------------------------------------------------
+def test_hooks_removed_after_normal_exit():
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, 5)
+        _assert_hooked()
+        assert leftover_module_hooks(setup.model) != []
+    _assert_unhooked(setup.model)
+    assert run.status == "finished"
+    assert run.trace.n_steps == 5
+
+
+def test_hooks_removed_after_an_exception_in_the_block():
+    setup = mlp()
+    with pytest.raises(ValueError, match="boom"):
+        with ndbg.watch(setup.model, report=False) as run:
+            train(setup, 5)
+            raise ValueError("boom")
+    _assert_unhooked(setup.model)
+    assert run.status == "raised"
+    assert isinstance(run.exception, ValueError)
+    assert run.trace.n_steps == 5
+
+
+def test_hooks_removed_after_keyboard_interrupt():
+    setup = mlp()
+
+    def interrupt(step, model, opt):
+        if step == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        with ndbg.watch(setup.model, report=False) as run:
+            train(setup, 20, on_step_start=interrupt)
+    _assert_unhooked(setup.model)
+    assert run.status == "interrupted"
+    assert run.trace.n_steps == 7
+
+
+def test_exception_in_the_middle_of_a_forward_leaves_nothing_behind():
+    """A forward that raises half way (after some hooks ran, before the root's post hook)
+    must not leave state that spoils the next watch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    with pytest.raises(RuntimeError):
+        with ndbg.watch(model, report=False):
+            for _ in range(3):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            model(torch.randn(16, 5))  # shape error inside the first Linear
+    _assert_unhooked(model)
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(4):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert run.trace.n_steps == 4
+    # the input batch is recorded every step (the root's call depth was reset)
+    assert np.isfinite(run.trace.scalar("in_absmax")).all()
+    assert run.trace.scalar("in_absmax")[0] == pytest.approx(x.abs().max().item())
+
+
+# -- nesting and re-entering --------------------------------------------------------------
+def test_nested_watches_each_count_their_own_steps():
+    setup = mlp()
+    opt = setup.make_opt(setup.model)
+    losses: list[torch.Tensor] = []
+    with ndbg.watch(setup.model, report=False) as outer:
+        train(setup, 10, opt=opt, losses=losses)
+        with ndbg.watch(setup.model, report=False) as inner:
+            train(setup, 20, opt=opt, losses=losses)
+        assert torch.autograd.backward is not ORIGINAL_BACKWARD  # the outer still hears
+        train(setup, 10, opt=opt, losses=losses)
+    _assert_unhooked(setup.model)
+    assert outer.trace.n_steps == 40
+    assert inner.trace.n_steps == 20
+    assert inner.trace.layer_names == outer.trace.layer_names
+    expected = torch.stack(losses).double().numpy()
+    np.testing.assert_allclose(outer.trace.scalar("loss"), expected, rtol=1e-6)
+    np.testing.assert_allclose(inner.trace.scalar("loss"), expected[10:30], rtol=1e-6)
+    for col in ("grad_norm", "act_absmax"):
+        np.testing.assert_array_equal(inner.trace.col(col), outer.trace.col(col)[10:30])
+    np.testing.assert_array_equal(inner.trace.scalar("in_absmax"),
+                                  outer.trace.scalar("in_absmax")[10:30])
+
+
+def test_reentering_the_same_watch_continues_the_run():
+    setup = mlp()
+    opt = setup.make_opt(setup.model)
+    w = ndbg.watch(setup.model, report=False)
+    with w as first:
+        train(setup, 10, opt=opt)
+        with pytest.raises(RuntimeError):
+            with w:
+                pass
+    _assert_unhooked(setup.model)
+    assert first.status == "finished"
+    with w as second:
+        train(setup, 15, opt=opt)
+    _assert_unhooked(setup.model)
+    assert second is first
+    assert first.trace.n_steps == 25
+    assert np.isfinite(first.trace.scalar("loss")).all()
+    assert first.detection.steps_done == 25
+
+
+# -- what a step is -----------------------------------------------------------------------
+def test_gradient_accumulation_is_one_step_per_optimizer_step():
+    setup = mlp()
+    model, opt = setup.model, setup.make_opt(setup.model)
+    micro_losses, grad_norms = [], []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(15):
+            opt.zero_grad()
+            step_losses = []
+            for micro in range(4):
+                x, y = setup.batch(step * 4 + micro)
+                loss = F.cross_entropy(model(x), y)
+                (loss / 4).backward()
+                step_losses.append(loss.detach() / 4)
+            micro_losses.append(torch.stack(step_losses))
+            first = model[0]
+            grad_norms.append(torch.sqrt(first.weight.grad.pow(2).sum()
+                                         + first.bias.grad.pow(2).sum()).item())
+            opt.step()
+    assert run.trace.n_steps == 15
+    # the grad norm of the accumulated gradient, weight and bias together
+    np.testing.assert_allclose(run.trace.col("grad_norm")[:, 0], grad_norms, rtol=1e-4)
+    # the recorded loss is a per-step summary of the 4 backward roots
+    recorded = run.trace.scalar("loss")
+    per_step = torch.stack(micro_losses).double()
+    assert np.all(recorded >= per_step.min(1).values.numpy() - 1e-6)
+    assert np.all(recorded <= per_step.max(1).values.numpy() + 1e-6)
+    assert not [e for e in run.events if e.kind == "data_anomaly"]
+
+
+def test_loop_without_optimizer_counts_run_step_calls():
+    setup = mlp()
+    model = setup.model
+    with ndbg.watch(model, report=False) as run:
+        for step in range(30):
+            model.zero_grad()
+            x, y = setup.batch(step)
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.05 * p.grad
+            run.step()
+    assert run.trace.n_steps == 30
+    g = run.trace.col("grad_norm")
+    assert np.isfinite(g[:, 0]).all() and (g[:, 0] > 0).all()
+    assert np.isfinite(run.trace.scalar("loss")).all()
+    assert run.first_failure is None
+    with pytest.raises(RuntimeError):
+        run.step()  # outside the block
+
+
+def test_loop_without_optimizer_or_step_calls_is_one_step_with_a_warning():
+    setup = mlp()
+    with pytest.warns(UserWarning, match="run.step"):
+        with ndbg.watch(setup.model, report=False) as run:
+            for step in range(3):
+                x, y = setup.batch(step)
+                F.cross_entropy(setup.model(x), y).backward()
+    assert run.trace.n_steps == 1
+
+
+def _gan(seed: int = 0):
+    torch.manual_seed(seed)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    return G, D
+
+
+def _gan_loop(G, D, iterations: int) -> None:
+    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    gen = torch.Generator().manual_seed(7)
+    bce = F.binary_cross_entropy_with_logits
+    for _ in range(iterations):
+        real = torch.randn(32, 2, generator=gen) * 0.5 + torch.tensor([2.0, -1.0])
+        z = torch.randn(32, 4, generator=gen)
+        opt_d.zero_grad()
+        fake = G(z).detach()
+        loss_d = bce(D(real), torch.ones(32, 1)) + bce(D(fake), torch.zeros(32, 1))
+        loss_d.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        loss_g = bce(D(G(z)), torch.ones(32, 1))
+        loss_g.backward()
+        opt_g.step()
+
+
+def test_two_optimizers_gan_loop():
+    G, D = _gan()
+    with ndbg.watch({"G": G, "D": D}, report=False) as run:
+        _gan_loop(G, D, 60)
+    _assert_unhooked(G)
+    _assert_unhooked(D)
+    assert run.trace.n_steps == 60  # one step per iteration, not one per optimizer.step()
+    names = run.trace.layer_names
+    for name in ("G.0", "G.2", "D.0", "D.2"):
+        assert name in names, names
+    g = run.trace.col("grad_norm")
+    for name in ("G.0", "D.0"):
+        col = g[1:, names.index(name)]
+        assert np.isfinite(col).all() and (col > 0).all(), name
+    a = run.trace.col("act_absmax")
+    assert np.isfinite(a[:, names.index("G.2")]).all()
+    assert not [str(e) for e in run.events if e.severity == "error"]
+
+
+def test_two_optimizers_gan_loop_without_a_model_argument():
+    G, D = _gan()
+    with ndbg.watch(report=False) as run:
+        _gan_loop(G, D, 40)
+    _assert_unhooked(G)
+    _assert_unhooked(D)
+    assert run.trace.n_steps == 40
+    assert run.trace.n_layers >= 4
+    assert not [str(e) for e in run.events if e.severity == "error"]

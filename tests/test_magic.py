@@ -1,0 +1,124 @@
+"""The %%neuraldbg cell magic, through IPython's test shell, on real trainings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import get_ipython
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+
+import neuraldbg_nb as ndbg
+
+SETUP = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+g = torch.Generator().manual_seed(0)
+X = torch.randn(4096, 16, generator=g); Y = (X[:, :4]).argmax(1)
+"""
+
+TRAIN = """
+for step in range({steps}):
+    i = step * 32 % 4000
+    if step == {fault}:
+        with torch.no_grad():
+            model[2].weight.mul_(1000)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(X[i:i + 32]), Y[i:i + 32]).backward()
+    opt.step()
+"""
+
+
+@pytest.fixture
+def ip():
+    import IPython
+
+    shell = IPython.get_ipython() or get_ipython()  # the test shell starts once per process
+    shell.run_line_magic("load_ext", "neuraldbg_nb")
+    shell.run_cell(SETUP)
+    return shell
+
+
+def no_hooks_left() -> bool:
+    return not (nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks
+                or optim_module._global_optimizer_pre_hooks
+                or optim_module._global_optimizer_post_hooks)
+
+
+def test_magic_finds_the_fault_and_binds_the_run(ip, capsys) -> None:
+    ip.run_cell_magic("neuraldbg", "--no-panel -o myrun", TRAIN.format(steps=80, fault=50))
+    run = ip.user_ns["myrun"]
+    assert run is ndbg.last_run()
+    assert run.status == "finished"
+    assert (run.first_failure.layer, run.first_failure.step) == ("2", 50)
+    assert "first failure" in capsys.readouterr().out
+    assert no_hooks_left()
+
+
+def test_stop_on_error_stops_quietly_at_the_failure(ip) -> None:
+    ip.run_cell_magic("neuraldbg", "--no-panel --stop-on error", TRAIN.format(steps=80, fault=50))
+    run = ndbg.last_run()
+    assert run.status == "stopped"
+    assert run.trace.n_steps == 51  # stopped in the optimizer step of step 50
+    assert run.first_failure.step == 50
+    assert no_hooks_left()
+
+
+def test_thresholds_options_reach_detection(ip) -> None:
+    ip.run_cell_magic("neuraldbg", "--no-panel --jump 5000 --jump-error 5000 --max-update 1e9 "
+                                   "--explode 1e12 --loss-rise 1e9",
+                      TRAIN.format(steps=70, fault=50))
+    run = ndbg.last_run()
+    assert run.thresholds.jump == 5000 and run.thresholds.explode == 1e12
+    assert all(e.kind != "regime_shift" for e in run.events)
+
+
+def test_cell_exception_reaches_the_user_and_hooks_are_gone(ip) -> None:
+    with pytest.raises(ZeroDivisionError):
+        ip.run_cell_magic("neuraldbg", "--no-panel",
+                          TRAIN.format(steps=10, fault=-1) + "\n1 / 0\n")
+    run = ndbg.last_run()
+    assert run.status == "raised" and isinstance(run.exception, ZeroDivisionError)
+    assert run.trace.n_steps == 10
+    assert no_hooks_left()
+    assert torch.autograd.backward.__module__ == "torch.autograd"
+
+
+def test_interrupt_leaves_no_hook(ip) -> None:
+    cell = TRAIN.format(steps=5, fault=-1) + "\nraise KeyboardInterrupt\n"
+    with pytest.raises(KeyboardInterrupt):
+        ip.run_cell_magic("neuraldbg", "--no-panel", cell)
+    assert ndbg.last_run().status == "interrupted"
+    assert no_hooks_left()
+
+
+def test_unknown_option_gets_a_spelling_hint(ip) -> None:
+    with pytest.raises(UsageError, match="did you mean --vanish"):
+        ip.run_cell_magic("neuraldbg", "--vansih 1e-7", "pass")
+
+
+def test_help_prints_the_options(ip, capsys) -> None:
+    ip.run_cell_magic("neuraldbg", "--help", "pass")
+    out = capsys.readouterr().out
+    assert "--stop-on" in out and "--capture-mb" in out and "--vanish" in out
+
+
+def test_panel_is_shown_and_follows_the_run(ip) -> None:
+    ip.run_cell_magic("neuraldbg", "", TRAIN.format(steps=60, fault=40))
+    run = ndbg.last_run()
+    panels = [w for w in _widgets() if getattr(w, "run", None) is run]
+    assert panels, "no panel was created for the run"
+    panel = panels[-1]
+    assert panel.status == "finished"
+    assert panel.step == 60
+    assert panel.first_failure["layer"] == "2" and panel.first_failure["step"] == 40
+
+
+def _widgets() -> list:
+    from ipywidgets.widgets.widget import _instances
+
+    return list(_instances.values())

@@ -1,0 +1,471 @@
+"""Models and loops off the beaten path: tuple and dict outputs, a module returning None,
+integer inputs, frozen parameters, parameters outside the optimizer, AMP with a
+GradScaler on the CPU, torch.compile, `watch()` without a model, and the errors a user
+gets for a wrong argument or a misspelt threshold."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+import neuraldbg_nb as ndbg
+from conftest import leftover_global_hooks, leftover_module_hooks
+from models import mlp, train, transformer
+
+S = 30
+STEPS = 45
+
+
+def _batches(seed: int = 0, n: int = 400):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 32, 6, generator=gen)
+    y = (x[:, :, 0] + x[:, :, 1] > 0).long()
+    return x, y
+
+
+def _scale_weight_at(model: nn.Module, layer: str, step: int, factor: float = 1000.0):
+    def hit(s, m, o):
+        if s == step:
+            with torch.no_grad():
+                model.get_submodule(layer).weight.mul_(factor)
+    return hit
+
+
+def _loop(model: nn.Module, steps: int, *, opt=None, out_to_logits=lambda o: o,
+          on_step_start=None, lr: float = 0.05, zero=None):
+    """Train `model` on a fixed 6-feature, 2-class task; returns the losses."""
+    x, y = _batches()
+    opt = opt if opt is not None else torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        if on_step_start is not None:
+            on_step_start(step, model, opt)
+        (zero or opt.zero_grad)()
+        loss = F.cross_entropy(out_to_logits(model(x[step])), y[step])
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return losses
+
+
+def _no_errors(run) -> None:
+    errors = [str(e) for e in run.events if e.severity == "error"]
+    assert not errors, errors
+
+
+# -- odd outputs ----------------------------------------------------------------------
+class TupleBlock(nn.Module):
+    """A layer with parameters that returns a tuple (like attention or an RNN)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 16) / 6 ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(16))
+
+    def forward(self, x):
+        h = x @ self.weight + self.bias
+        return h, h.detach().mean()
+
+
+class TupleModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = TupleBlock()
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h, aux = self.block(x)
+        return self.head(self.act(h)), aux
+
+
+class DictBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 16)
+
+    def forward(self, x):
+        return {"mask": x > 0, "hidden": self.fc(x)}  # first entry: not floating point
+
+
+class DictModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = DictBlock()
+        self.act = nn.Tanh()
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x):
+        out = self.block(x)
+        return {"logits": self.head(self.act(out["hidden"])), "hidden": out["hidden"]}
+
+
+class Recorder(nn.Module):
+    """A leaf module used for a side effect only: it returns None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def forward(self, x):
+        self.seen += 1
+        return None
+
+
+class NoneModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.record = Recorder()
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        self.record(h)
+        return self.fc2(self.act(h))
+
+
+ODD = {
+    "tuple": (TupleModel, lambda o: o[0], "block"),
+    "dict": (DictModel, lambda o: o["logits"], "block.fc"),
+    "none-inside": (NoneModel, lambda o: o, "fc1"),
+}
+
+
+@pytest.mark.parametrize("kind", list(ODD))
+def test_odd_outputs_are_watched(kind):
+    make, logits, faulty = ODD[kind]
+    torch.manual_seed(0)
+    model = make()
+    with ndbg.watch(model, report=False) as run:
+        losses = _loop(model, 40, out_to_logits=logits)
+    assert torch.stack(losses)[-10:].mean() < torch.stack(losses)[:10].mean()
+    assert run.trace.n_steps == 40
+    _no_errors(run)
+    names = run.trace.layer_names
+    assert faulty in names, names
+    a = run.trace.col("act_absmax")[:, names.index(faulty)]
+    assert np.isfinite(a).all() and (a > 0).all(), f"{faulty} activations not measured"
+    assert np.isfinite(run.trace.scalar("in_absmax")).all()
+    assert leftover_module_hooks(model) == []
+
+
+@pytest.mark.parametrize("kind", list(ODD))
+def test_odd_outputs_fault_is_found(kind):
+    make, logits, faulty = ODD[kind]
+    torch.manual_seed(0)
+    model = make()
+    target = faulty if kind != "tuple" else "block"
+    with ndbg.watch(model, report=False) as run:
+        _loop(model, STEPS, out_to_logits=logits,
+              on_step_start=_scale_weight_at(model, target, S))
+    ff = run.first_failure
+    assert ff is not None
+    assert (ff.step, ff.layer) == (S, target), ff.message
+
+
+def test_module_returning_none_is_harmless():
+    torch.manual_seed(0)
+    model = NoneModel()
+    with ndbg.watch(model, report=False) as run:
+        _loop(model, 20)
+    assert model.record.seen == 20
+    names = run.trace.layer_names
+    if "record" in names:  # a layer with nothing to measure: no numbers, no events
+        assert np.isnan(run.trace.col("act_absmax")[:, names.index("record")]).all()
+        assert not [e for e in run.events if e.layer == "record"]
+    _no_errors(run)
+
+
+# -- integer inputs -----------------------------------------------------------------------
+def test_integer_inputs_embeddings():
+    setup = transformer()
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, 40)
+    assert run.trace.n_steps == 40
+    in_max = run.trace.scalar("in_absmax")
+    expected = [setup.batch(s)[0].max().item() for s in range(40)]
+    np.testing.assert_array_equal(in_max, expected)
+    assert not [e for e in run.events if e.kind == "data_anomaly"]
+    _no_errors(run)
+
+
+def test_integer_inputs_embedding_fault_is_found():
+    setup = transformer()
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS, on_step_start=_scale_weight_at(setup.model, "emb", S))
+    ff = run.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (S, "emb", "regime_shift"), ff.message
+
+
+# -- frozen parameters, parameters outside the optimizer -------------------------------------
+def test_frozen_parameters_are_not_vanishing():
+    setup = mlp()
+    model = setup.model
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    with ndbg.watch(model, report=False) as run:
+        losses = _loop_setup(setup, 120)
+    assert losses[-10:].mean() < losses[:10].mean()
+    _no_errors(run)
+    assert not [e for e in run.events if e.layer == "0" and e.severity != "info"]
+    names = run.trace.layer_names
+    g = run.trace.col("grad_norm")[:, names.index("0")]
+    assert np.isnan(g).all(), "a frozen layer has no gradient: not measured, not 0"
+    assert np.isfinite(run.trace.col("act_absmax")[:, names.index("0")]).all()
+
+
+def test_frozen_layer_fault_is_still_found():
+    setup = mlp()
+    for p in setup.model[0].parameters():
+        p.requires_grad_(False)
+    with ndbg.watch(setup.model, report=False) as run:
+        _loop_setup(setup, STEPS, on_step_start=_scale_weight_at(setup.model, "0", S))
+    ff = run.first_failure
+    assert (ff.step, ff.layer) == (S, "0"), ff.message
+
+
+def test_parameters_not_in_the_optimizer():
+    setup = mlp()
+    model = setup.model
+    opt = torch.optim.SGD(list(model[2].parameters()) + list(model[4].parameters()),
+                          lr=0.05, momentum=0.9)
+    before = model[0].weight.detach().clone()
+    with ndbg.watch(model, report=False) as run:
+        losses = _loop_setup(setup, 120, opt=opt, zero=model.zero_grad)
+    assert torch.equal(model[0].weight, before)
+    assert losses[-10:].mean() < losses[:10].mean()
+    assert run.trace.n_steps == 120
+    _no_errors(run)
+    names = run.trace.layer_names
+    g = run.trace.col("grad_norm")[:, names.index("0")]
+    assert np.isfinite(g).all() and (g > 0).all()
+
+
+def _loop_setup(setup, steps, *, opt=None, on_step_start=None, zero=None):
+    model = setup.model
+    opt = opt if opt is not None else torch.optim.SGD(
+        [p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        if on_step_start is not None:
+            on_step_start(step, model, opt)
+        (zero or opt.zero_grad)()
+        x, y = setup.batch(step)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+# -- AMP on the CPU -------------------------------------------------------------------------
+def _amp_loop(setup, steps, *, skip_at=(), log_loss_to=None):
+    model = setup.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu")
+    real_steps = [0]
+    handle = opt.register_step_post_hook(lambda *a: real_steps.__setitem__(0, real_steps[0] + 1))
+    losses = []
+    for step in range(steps):
+        x, y = setup.batch(step)
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        if log_loss_to is not None:
+            log_loss_to.log_loss(loss)
+        scaler.scale(loss).backward()
+        if step in skip_at:  # an overflow in the backward: the scaler skips this step
+            model[2].weight.grad.view(-1)[0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.detach().float())
+    handle.remove()
+    return real_steps[0], scaler, losses
+
+
+def test_amp_gradscaler_cpu_bfloat16_healthy():
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        real, scaler, _ = _amp_loop(setup, 80)
+    assert real == 80
+    assert run.trace.n_steps == 80
+    _no_errors(run)
+    assert run.first_failure is None
+    assert np.isfinite(run.trace.col("act_absmax")).all()
+
+
+def test_amp_skipped_steps_are_not_a_failure():
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        real, scaler, _ = _amp_loop(setup, 80, skip_at=(40, 41, 42))
+    assert real == 77, "the scaler should have skipped three steps"
+    assert scaler.get_scale() == 65536.0 / 8
+    # steps are optimizer steps: a skipped iteration is not a step of its own
+    assert run.trace.n_steps == real
+    _no_errors(run)
+    assert run.first_failure is None
+    assert np.isfinite(run.trace.col("grad_norm")[:, [0, 2, 4]]).all()
+
+
+def test_amp_log_loss_records_the_unscaled_loss():
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        real, scaler, losses = _amp_loop(setup, 30, log_loss_to=run)
+    recorded = run.trace.scalar("loss")
+    np.testing.assert_allclose(recorded, torch.stack(losses).double().numpy(), rtol=1e-3)
+    assert recorded.max() < 10  # not the scaled loss (x65536)
+
+
+# -- torch.compile --------------------------------------------------------------------------
+def _compile_works() -> str | None:
+    try:
+        f = torch.compile(lambda t: t * 2 + 1, backend="aot_eager")
+        f(torch.ones(3))
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_compiled_model_trains_and_says_what_it_cannot_watch(how):
+    """Compiled with the aot_eager backend: the same dynamo graph capture (where the hooks
+    stop running) as the default inductor backend, without minutes of C++ compilation on
+    two CPU cores. Training must go on unchanged, the run must carry a note if activations
+    are not watched, and what the note says is watched must be recorded."""
+    reason = _compile_works()
+    if reason:
+        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+    torch._dynamo.reset()
+    eager = mlp()
+    eager_losses = _loop_setup(eager, 20)
+
+    setup = mlp()
+    if how == "model.compile()":
+        setup.model.compile(backend="aot_eager")
+        compiled = setup.model
+    else:
+        compiled = torch.compile(setup.model, backend="aot_eager")
+    with _quiet():
+        with ndbg.watch(compiled, report=False) as run:
+            losses = _loop_setup(_with_model(setup, compiled), STEPS)
+    torch.testing.assert_close(losses[:20], eager_losses, rtol=1e-5, atol=1e-6)
+    assert run.trace.n_steps == STEPS
+    assert leftover_global_hooks() == []
+    acts = run.trace.col("act_absmax")
+    if not np.isfinite(acts).any():
+        assert any("compile" in n for n in run.notes), run.notes
+    note = " ".join(run.notes)
+    g = run.trace.col("grad_norm")
+    assert np.isfinite(g[:, :3]).all() and (g[:, :3] > 0).all()
+    assert np.isfinite(run.trace.scalar("loss")).all()
+    says_unwatched = re.search(r"input batch[^.;]*\bnot\b|\bnot\b[^.;]*input batch", note)
+    if not says_unwatched:
+        assert np.isfinite(run.trace.scalar("in_absmax")).all(), (
+            f"the input batch was not recorded, and the notes do not say so: {run.notes}")
+    _no_errors(run)
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_compiled_model_bad_batch_is_found(how):
+    reason = _compile_works()
+    if reason:
+        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+    torch._dynamo.reset()
+    setup = mlp()
+    if how == "model.compile()":
+        setup.model.compile(backend="aot_eager")
+        compiled = setup.model
+    else:
+        compiled = torch.compile(setup.model, backend="aot_eager")
+
+    def on_batch(step, x):
+        if step == S:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        return x
+    with _quiet():
+        with ndbg.watch(compiled, report=False) as run:
+            train(_with_model(setup, compiled), STEPS, on_batch=on_batch)
+    ff = run.first_failure
+    assert ff is not None
+    assert (ff.step, ff.layer, ff.kind) == (S, None, "data_anomaly"), ff.message
+
+
+class _quiet:
+    """torch warns that global module hooks fire once more for the OptimizedModule."""
+
+    def __enter__(self):
+        import warnings
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.filterwarnings("ignore", message=".*torch.compile.*global hooks.*")
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+def _with_model(setup, model):
+    from dataclasses import replace
+    return replace(setup, model=model)
+
+
+# -- watch() without a model ------------------------------------------------------------
+def test_watch_without_a_model_finds_the_same_failure():
+    def faulty_run(with_model: bool):
+        setup = mlp()
+        w = ndbg.watch(setup.model, report=False) if with_model else ndbg.watch(report=False)
+        with w as run:
+            train(setup, STEPS, on_step_start=_scale_weight_at(setup.model, "2", S))
+        return run
+
+    given, found = faulty_run(True), faulty_run(False)
+    assert found.trace.n_steps == STEPS
+    assert found.trace.layer_names == given.trace.layer_names
+    assert np.isfinite(found.trace.scalar("in_absmax")).all()
+    ff = found.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (S, "2", "regime_shift"), ff.message
+    assert [(e.step, e.layer, e.kind) for e in found.events] == \
+           [(e.step, e.layer, e.kind) for e in given.events]
+
+
+# -- user errors ------------------------------------------------------------------------------
+def test_watch_of_a_string_is_a_type_error_naming_the_fix():
+    with pytest.raises(TypeError) as info:
+        ndbg.watch("not a model")
+    msg = str(info.value)
+    assert "nn.Module" in msg and "str" in msg
+    assert "Pass the model" in msg
+    assert leftover_global_hooks() == []
+
+
+def test_watch_of_parameters_or_an_output_is_a_type_error():
+    model = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="parameters"):
+        ndbg.watch(model.parameters())
+    with pytest.raises(TypeError, match="output"):
+        ndbg.watch(model(torch.randn(4, 3)))
+    assert leftover_global_hooks() == []
+
+
+def test_unknown_threshold_names_get_a_spelling_hint():
+    model = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="Did you mean 'vanish'"):
+        ndbg.watch(model, vanihs=1e-7)
+    with pytest.raises(TypeError, match="Did you mean 'jump_error'"):
+        ndbg.Thresholds().with_(jump_eror=50)
+    with pytest.raises(ValueError, match="stop_on"):
+        ndbg.watch(model, stop_on="errors")
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, 5)
+    with pytest.raises(TypeError, match="Did you mean 'window'"):
+        run.reclassify(windw=5)
+    assert leftover_global_hooks() == []
