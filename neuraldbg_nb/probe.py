@@ -242,7 +242,7 @@ class Probe:
         if x is None or x.numel() == 0 or x.is_complex():
             return
         x = x.detach()
-        self._inputs.append((stats.input_batch(x, self._sc), x.numel()))
+        self._inputs.append((stats.input_batch(x, self._sampled, self._sc), x.numel()))
         if self._hold:
             self._batch = x
 
@@ -290,7 +290,7 @@ class Probe:
         self._c_mn: list[int] = []
         self._c_mx: list[int] = []
         self._rich: list[tuple[int, int, tuple[int, ...]]] = []
-        self._inputs: list[tuple[tuple[int, ...], int]] = []
+        self._inputs: list[tuple[dict[str, int], int]] = []
         self._losses: list[int] = []
         self._logged: list[int] = []
         self._logged_host: list[float] = []
@@ -436,32 +436,28 @@ class Probe:
     def _input_scalars(self, v: np.ndarray) -> dict[str, float]:
         if not self._inputs:
             return {}
-        mins, maxs, sums, sqs, nzs, fins, prints, numels = [], [], [], [], [], [], [], []
-        for (p_mn, p_mx, p_sum, p_norm, p_nz, p_fin, p_print), numel in self._inputs:
-            mins.append(v[p_mn])
-            maxs.append(v[p_mx])
-            sums.append(v[p_sum])
-            sqs.append(v[p_norm] ** 2)
-            nzs.append(v[p_nz])
-            fins.append(v[p_fin])
-            prints.append(v[p_print])
-            numels.append(numel)
-        numel = float(sum(numels))
-        nonfinite = numel - sum(fins)
-        absmax = max(max(abs(a) for a in mins), max(abs(a) for a in maxs))
-        mean = sum(sums) / numel
-        std = math.sqrt(max(sum(sqs) / numel - mean ** 2, 0.0)) if math.isfinite(mean) else math.nan
-        fingerprint = tuple(mins + maxs + sums + sqs + prints)
-        repeat = fingerprint == self._last_fingerprint and nonfinite == 0
+        got = [({k: v[p] for k, p in pos.items()}, numel) for pos, numel in self._inputs]
+        numel = float(sum(n for _, n in got))
+        mins = [g["min"] for g, _ in got]
+        maxs = [g["max"] for g, _ in got]
+        absmax = max(abs(a) for a in mins + maxs)
+        flagged = not math.isfinite(absmax)
+        rich = all("finite" in g for g, _ in got)
+        # exact count on sampled steps; elsewhere "some" (inf) when min or max says so
+        nonfinite = numel - sum(g["finite"] for g, _ in got) if rich else (
+            math.inf if flagged else 0.0)
+        mean = sum(g["sum"] for g, _ in got) / numel
+        out = {"in_absmax": math.inf if flagged else absmax, "in_mean": mean,
+               "in_nonfinite": nonfinite,
+               "in_const": float(all(a == b for a, b in zip(mins, maxs)) and not flagged)}
+        if rich:
+            sq = sum(g["norm"] ** 2 for g, _ in got)
+            out["in_std"] = math.sqrt(max(sq / numel - mean ** 2, 0.0)) if not flagged else math.nan
+            out["in_zero_frac"] = 1.0 - sum(g["nonzero"] for g, _ in got) / numel
+        fingerprint = tuple(mins + maxs + [g["sum"] for g, _ in got] + [g["print"] for g, _ in got])
+        out["in_repeat"] = float(fingerprint == self._last_fingerprint and not flagged)
         self._last_fingerprint = fingerprint
-        return {
-            "in_absmax": absmax if math.isfinite(absmax) else math.inf,
-            "in_mean": mean, "in_std": std,
-            "in_zero_frac": 1.0 - sum(nzs) / numel,
-            "in_nonfinite": nonfinite,
-            "in_const": float(all(a == b for a, b in zip(mins, maxs)) and nonfinite == 0),
-            "in_repeat": float(repeat),
-        }
+        return out
 
 
 def _layer_norms(v: np.ndarray, pos: list[int], idx: list[int], n: int) -> np.ndarray:

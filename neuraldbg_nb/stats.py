@@ -22,7 +22,7 @@ class Scalars:
         self._items: list[torch.Tensor] = []
 
     def add(self, t: torch.Tensor) -> int:
-        self._items.append(t)
+        self._items.append(t if t.dim() == 0 else t.reshape(()))
         return len(self._items) - 1
 
     def __len__(self) -> int:
@@ -42,7 +42,7 @@ class Scalars:
             order: list[int] = []
             parts = []
             for idx in by_dtype.values():
-                parts.append(torch.stack([self._items[i].reshape(()) for i in idx]).to(wide))
+                parts.append(torch.stack([self._items[i] for i in idx]).to(wide))
                 order.extend(idx)
             out[order] = torch.cat(parts).cpu().numpy()
         self._items.clear()
@@ -78,16 +78,20 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     return p_sum, p_norm, p_nz, p_fin, p_dead, p_sat, units
 
 
-def input_batch(x: torch.Tensor, into: Scalars) -> tuple[int, ...]:
-    """(min, max, sum, norm, nonzero, finite, strided-sum) positions for a batch; the
-    strided sum is part of a fingerprint that tells an exact repeat of the last batch."""
+def input_batch(x: torch.Tensor, rich: bool, into: Scalars) -> dict[str, int]:
+    """Positions of a batch's summaries. Every step: min, max (a free non-finite flag),
+    sum and a strided sum (with min and max, a fingerprint that tells an exact repeat of
+    the previous batch). Sampled steps add the norm, nonzero and finite counts."""
     xf = x if x.is_floating_point() else x.float()
-    flat = xf.reshape(-1)
     mn, mx = torch.aminmax(xf)
-    return (into.add(mn), into.add(mx), into.add(xf.sum(dtype=torch.float32)),
-            into.add(torch.linalg.vector_norm(xf, dtype=torch.float32)),
-            into.add(torch.count_nonzero(xf)), into.add(torch.isfinite(xf).sum()),
-            into.add(flat[1::3].sum(dtype=torch.float32)))
+    pos = {"min": into.add(mn), "max": into.add(mx),
+           "sum": into.add(xf.sum(dtype=torch.float32)),
+           "print": into.add(xf.reshape(-1)[1::3].sum(dtype=torch.float32))}
+    if rich:
+        pos["norm"] = into.add(torch.linalg.vector_norm(xf, dtype=torch.float32))
+        pos["nonzero"] = into.add(torch.count_nonzero(xf))
+        pos["finite"] = into.add(torch.isfinite(xf).sum())
+    return pos
 
 
 def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:

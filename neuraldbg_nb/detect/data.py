@@ -27,8 +27,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     return [
         Finding("data_anomaly", "input_nonfinite", _flag(nonfinite, nonfinite > 0, ERROR),
                 col(nonfinite), per_layer=False,
-                message=lambda n, s, v, p, sev: f"input batch has {v:.0f} non-finite values "
-                                                f"at step {s}"),
+                message=lambda n, s, v, p, sev: (f"input batch has {v:.0f} non-finite values"
+                                                 if v < float("inf") else
+                                                 "input batch has non-finite values")
+                + f" at step {s}"),
         Finding("data_anomaly", "input_zero", _flag(absmax, absmax == 0, ERROR), col(absmax),
                 per_layer=False,
                 message=lambda n, s, v, p, sev: f"input batch is all zeros at step {s}"),

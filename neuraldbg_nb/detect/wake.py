@@ -17,22 +17,7 @@ import numpy as np
 from ..thresholds import Thresholds
 from ..trace import Trace
 
-
-def _rows(trace: Trace, name: str, t: int) -> tuple[np.ndarray, np.ndarray]:
-    if name in ("loss", "in_absmax", "in_nonfinite"):
-        return trace.scalar(name, t, t + 1), trace.scalar(name, t - 1, t)
-    return trace.col(name, t, t + 1)[0], trace.col(name, t - 1, t)[0]
-
-
-def _crossed(now: np.ndarray, before: np.ndarray) -> bool:
-    return bool((now & ~before).any())
-
-
-def _moved(now: np.ndarray, before: np.ndarray, factor: float) -> bool:
-    both = (now > 0) & (before > 0) & np.isfinite(now) & np.isfinite(before)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(both, now / before, 1.0)
-    return bool(((ratio >= factor) | (ratio <= 1 / factor)).any())
+_MOVERS = ("act_absmax", "grad_norm", "param_norm")
 
 
 def wake(trace: Trace, th: Thresholds) -> bool:
@@ -40,19 +25,23 @@ def wake(trace: Trace, th: Thresholds) -> bool:
     t = trace.n_steps - 1
     if t < 1:
         return False
-    factor = float(np.sqrt(th.jump))
-    for name in ("act_absmax", "grad_norm", "param_norm", "loss", "in_absmax"):
-        now, before = _rows(trace, name, t)
-        if _crossed(np.isinf(now), np.isinf(before)) or _moved(now, before, factor):
-            return True
-    grad, grad_before = _rows(trace, "grad_norm", t)
-    with np.errstate(invalid="ignore"):
-        lines = [
-            (grad < th.vanish, grad_before < th.vanish),
-            (grad > th.explode, grad_before > th.explode),
-            (*(r >= th.dead for r in _rows(trace, "dead_frac", t)),),
-            (*(r >= th.saturated for r in _rows(trace, "sat_frac", t)),),
-            (*(r > 0 for r in _rows(trace, "in_nonfinite", t)),),
-            (*(r == 0 for r in _rows(trace, "in_absmax", t)),),
-        ]
-    return any(_crossed(now, before) for now, before in lines)
+    rows = [trace.col(c, t - 1, t + 1) for c in _MOVERS]
+    rows.append(np.stack([trace.scalar(c, t - 1, t + 1) for c in ("loss", "in_absmax")], 1))
+    before, now = np.concatenate(rows, 1).astype(np.float64)
+    grad_b, grad = trace.col("grad_norm", t - 1, t + 1)
+    dead_b, dead = trace.col("dead_frac", t - 1, t + 1)
+    sat_b, sat = trace.col("sat_frac", t - 1, t + 1)
+    inf_b, inf = trace.scalar("in_nonfinite", t - 1, t + 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.abs(np.log10(now / before))
+        factor = 0.5 * np.log10(th.jump)
+        flags = np.concatenate([
+            np.isinf(now) & ~np.isinf(before),
+            ratio >= factor,
+            (grad < th.vanish) & ~(grad_b < th.vanish),
+            (grad > th.explode) & ~(grad_b > th.explode),
+            (dead >= th.dead) & ~(dead_b >= th.dead),
+            (sat >= th.saturated) & ~(sat_b >= th.saturated),
+            [inf > 0 and not inf_b > 0, now[-1] == 0 and before[-1] != 0],
+        ])
+    return bool(flags.any())
