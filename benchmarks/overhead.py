@@ -27,6 +27,7 @@ import copy
 import datetime
 import gc
 import inspect
+import math
 import os
 import platform
 import shlex
@@ -65,8 +66,16 @@ class Bench:
         return self.batches[self._i]
 
 
-def _classification(x: torch.Tensor, classes: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(torch.randn_like(x), torch.randint(0, classes, (x.shape[0],))) for _ in range(n)]
+def _teacher(shape: tuple[int, ...], classes: int, n: int = 16
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A learnable task: labels from a fixed random linear teacher, n distinct batches."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(math.prod(shape[1:]), classes, generator=g)
+    out = []
+    for _ in range(n):
+        x = torch.randn(*shape, generator=g)
+        out.append((x, (x.reshape(shape[0], -1) @ w).argmax(1)))
+    return out
 
 
 def make_mlp() -> Bench:
@@ -74,7 +83,7 @@ def make_mlp() -> Bench:
     for _ in range(8):
         layers += [nn.Linear(512, 512), nn.ReLU()]
     model = nn.Sequential(*layers, nn.Linear(512, 10))
-    return Bench("mlp", "MLP 8x512", model, _classification(torch.empty(128, 512), 10),
+    return Bench("mlp", "MLP 8x512", model, _teacher((128, 512), 10),
                  nn.functional.cross_entropy)
 
 
@@ -86,7 +95,7 @@ def make_cnn() -> Bench:
         *block(3, 32), *block(32, 32), nn.MaxPool2d(2),
         *block(32, 64), *block(64, 64), nn.MaxPool2d(2),
         *block(64, 128), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
-    return Bench("cnn", "CNN+BN 32x32", model, _classification(torch.empty(32, 3, 32, 32), 10),
+    return Bench("cnn", "CNN+BN 32x32", model, _teacher((32, 3, 32, 32), 10),
                  nn.functional.cross_entropy)
 
 
@@ -121,15 +130,24 @@ def make_transformer() -> Bench:
     return Bench("transformer", "transformer 4xd192", TinyLM(vocab, seq=seq), data, loss_fn)
 
 
+class Residual(nn.Module):
+    """x + relu(fc(x)): a plain 100-layer ReLU stack does not train (chance loss, a flood
+    of legitimate warnings and captures), a residual one does."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.act = nn.ReLU()
+        nn.init.normal_(self.fc.weight, std=0.1 / width**0.5)
+        nn.init.zeros_(self.fc.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.fc(x))
+
+
 def make_deep() -> Bench:
-    layers: list[nn.Module] = []
-    for _ in range(100):
-        lin = nn.Linear(128, 128)
-        nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
-        nn.init.zeros_(lin.bias)
-        layers += [lin, nn.ReLU()]
-    model = nn.Sequential(*layers, nn.Linear(128, 10))
-    return Bench("deep", "MLP 100x128", model, _classification(torch.empty(128, 128), 10),
+    model = nn.Sequential(*[Residual(128) for _ in range(100)], nn.Linear(128, 10))
+    return Bench("deep", "MLP 100x128", model, _teacher((128, 128), 10),
                  nn.functional.cross_entropy)
 
 
@@ -243,6 +261,13 @@ def run_block(b: Bench, c: Config, steps: int) -> float:
 # -- main ----------------------------------------------------------------------------
 
 
+def load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
 def fmt_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
@@ -284,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__}")
     print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"load average at start: {load()} (other processes on the machine add noise)")
     print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3")
     print(flush=True)
 
@@ -324,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     # trace memory and events of the default-settings run
     default = next(c for c in cfgs if c.key == "default")
     mem = [["trace bytes per layer-step (default)"], ["layers watched"], ["steps recorded"],
-           ["events (default run)"]]
+           ["events (default run)"], ["captures kept (default run)"]]
     for k in keys:
         run = default.runs[k]
         tr = run.trace
@@ -334,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         mem[2].append(str(tr.n_steps))
         ev = run.events
         errors = sum(e.severity == "error" for e in ev)
-        mem[3].append(f"{len(ev)} ({errors} error)")
+        warns = sum(e.severity == "warning" for e in ev)
+        mem[3].append(f"{len(ev)} ({errors} err, {warns} warn)")
+        mem[4].append(f"{len(run.captures)} ({run.captures.nbytes / 2**20:.0f} MB)")
     print(fmt_table(["trace"] + header[1:], mem, md))
     print()
     notes.append("Ratios: median over rounds of each config's mean step time, divided by the "
@@ -342,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                  "round's plain time.")
     for n in notes:
         print(n)
-    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average at end: {load()}")
     return 0
 
 

@@ -133,9 +133,13 @@ class Probe:
 
     def _hook_root(self, root: nn.Module) -> None:
         """Per-root hooks (they see keyword arguments, global hooks do not): the input
-        batch is the first tensor of a top-level call of a root."""
-        self._handles.append(root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-        self._handles.append(root.register_forward_hook(self._root_post, always_call=True))
+        batch is the first tensor of a top-level call of a root. They run outside any
+        compiled graph (`model.compile()` compiles the call, hooks included): dynamo
+        breaks the graph before the forward and calls them as they are."""
+        pre = torch._dynamo.disable(self._root_pre, recursive=True)
+        post = torch._dynamo.disable(self._root_post, recursive=True)
+        self._handles.append(root.register_forward_pre_hook(pre, with_kwargs=True))
+        self._handles.append(root.register_forward_hook(post, always_call=True))
 
     def detach(self) -> None:
         """Remove every hook; safe to call twice."""
@@ -201,15 +205,12 @@ class Probe:
             self._layer(mid)
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if torch.compiler.is_compiling():
-            return
         if self._root_depth == 0:
             self._record_input(args, kwargs)
         self._root_depth += 1
 
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
-        if not torch.compiler.is_compiling():
-            self._root_depth = max(0, self._root_depth - 1)
+        self._root_depth = max(0, self._root_depth - 1)
 
     def _post(self, module: nn.Module, args: tuple, output: object) -> None:
         if torch.compiler.is_compiling():

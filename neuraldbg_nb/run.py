@@ -96,6 +96,7 @@ class Run:
         th = (thresholds or self.thresholds).with_(**changes)
         other = Run(self.trace, th, self.captures)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
+        other.selected = self.selected
         return other
 
     # -- inspection -------------------------------------------------------------------

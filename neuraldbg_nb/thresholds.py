@@ -30,6 +30,9 @@ class Thresholds:
     """Steps of recent history that a regime shift is measured against."""
     warmup: int = 5
     """Steps of history needed before a regime shift can be judged at all."""
+    noise: float = 4.0
+    """A jump must also exceed this many standard deviations of the series' own recent
+    variation (in log space): a layer that always swings by a decade is not flagged."""
     dead: float = 0.5
     """Fraction of a ReLU-like layer's units that output zero for the whole batch; an error
     from 0.9 or the larger of this and 0.9."""
@@ -49,7 +52,8 @@ class Thresholds:
     jump or data anomaly that started the chain."""
 
     def __post_init__(self) -> None:
-        for name in ("vanish", "explode", "jump", "jump_error", "loss_rise", "max_update"):
+        for name in ("vanish", "explode", "jump", "jump_error", "loss_rise", "max_update",
+                     "noise"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Thresholds.{name} must be > 0, got {getattr(self, name)!r}")
         if self.vanish >= self.explode:

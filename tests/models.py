@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 Hook = Callable[[int, nn.Module, torch.optim.Optimizer], None]
 

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from models import mlp, train
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.detect import Detection, detect, first_failure
 from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
-from models import mlp, train
 
 N = 60
 
@@ -45,7 +45,7 @@ def of(events, kind=None, layer="any", signal=None):
 
 def key(e) -> tuple:
     """An event as comparable data, bit for bit (NaN == NaN)."""
-    f = lambda x: "nan" if isinstance(x, float) and math.isnan(x) else x  # noqa: E731
+    f = lambda x: "nan" if isinstance(x, float) and math.isnan(x) else x
     return tuple(f(v) for v in e.to_dict().values())
 
 
@@ -53,7 +53,7 @@ def same(e) -> tuple:
     """An event as comparable data, its numbers to 12 significant digits: the same event
     (step, layer, kind, severity, message, signal, end, order), whatever the last bits of
     floating-point summation order."""
-    f = lambda x: float(f"{x:.12g}") if isinstance(x, float) and not math.isnan(x) else (  # noqa: E731
+    f = lambda x: float(f"{x:.12g}") if isinstance(x, float) and not math.isnan(x) else (
         "nan" if isinstance(x, float) else x)
     return tuple(f(v) for v in e.to_dict().values())
 
@@ -210,7 +210,7 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     n, L = 120, 4
     layers = [("in", "other"), ("relu", "relu"), ("tanh", "bounded"), ("out", "other")]
     rng = np.random.default_rng(11)
-    jitter = lambda lvl: lvl * np.exp(0.1 * rng.standard_normal((n, L)))  # noqa: E731
+    jitter = lambda lvl: lvl * np.exp(0.1 * rng.standard_normal((n, L)))
     g = jitter(0.1)
     g[25:29, 2] = 1e-8                              # vanishing at step 25
     g[50, 3] = 5e4                                  # exploding at 50
@@ -279,7 +279,7 @@ def test_incremental_detection_equals_detect_in_one_go(chunk):
     t, det, streamed = _live(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
     # what was handed out step by step is the same set (ends are filled in later)
-    strip = lambda e: same(e)[:-2]  # noqa: E731 - without `end` and `order`
+    strip = lambda e: same(e)[:-2]
     assert sorted(map(strip, streamed)) == sorted(
         strip(e) for e in events), "advance() returned other events than detect()"
     for name in LAYER_COLUMNS:
@@ -315,12 +315,13 @@ def _faulty_mlp_run(**watch_kw):
     """overhead=None: the full statistics exactly every 10 steps, so that two trainings
     record the same trace (the default budget samples by wall time)."""
     setup = mlp()
+    watch_kw.setdefault("overhead", None)
 
     def hit(step, model, opt):
         if step in (40, 55):
             with torch.no_grad():
                 model[2].weight.mul_(30.0)
-    with ndbg.watch(setup.model, report=False, overhead=None, **watch_kw) as run:
+    with ndbg.watch(setup.model, report=False, **watch_kw) as run:
         train(setup, 70, on_step_start=hit)
     return run
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import FACTORIES, train
 
 import neuraldbg_nb as ndbg
-from models import FACTORIES, train
 
 STEPS = 200
 
@@ -51,7 +51,7 @@ def test_healthy_training_to_a_near_perfect_fit_is_quiet(arch):
 
 
 def test_healthy_runs_record_every_layer_every_step():
-    setup, run, _ = _train_watched("cnn", label_noise=0.1)
+    _, run, _ = _train_watched("cnn", label_noise=0.1)
     names = run.trace.layer_names
     # forward execution order; dropout-like/reshape modules are not layers
     assert names[:6] == ["0", "1", "2", "3", "4", "5"]

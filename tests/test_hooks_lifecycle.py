@@ -4,18 +4,15 @@ loops with two optimizers."""
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import numpy as np
 import pytest
 import torch
-from torch import nn
 import torch.nn.functional as F
-
-import neuraldbg_nb as ndbg
 from conftest import ORIGINAL_BACKWARD, leftover_global_hooks, leftover_module_hooks
 from models import mlp, train
+from torch import nn
+
+import neuraldbg_nb as ndbg
 
 
 def _assert_unhooked(model: nn.Module) -> None:
@@ -46,10 +43,9 @@ def test_hooks_removed_after_normal_exit():
 
 def test_hooks_removed_after_an_exception_in_the_block():
     setup = mlp()
-    with pytest.raises(ValueError, match="boom"):
-        with ndbg.watch(setup.model, report=False) as run:
-            train(setup, 5)
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), ndbg.watch(setup.model, report=False) as run:
+        train(setup, 5)
+        raise ValueError("boom")
     _assert_unhooked(setup.model)
     assert run.status == "raised"
     assert isinstance(run.exception, ValueError)
@@ -63,9 +59,8 @@ def test_hooks_removed_after_keyboard_interrupt():
         if step == 7:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        with ndbg.watch(setup.model, report=False) as run:
-            train(setup, 20, on_step_start=interrupt)
+    with pytest.raises(KeyboardInterrupt), ndbg.watch(setup.model, report=False) as run:
+        train(setup, 20, on_step_start=interrupt)
     _assert_unhooked(setup.model)
     assert run.status == "interrupted"
     assert run.trace.n_steps == 7
@@ -78,13 +73,12 @@ def test_exception_in_the_middle_of_a_forward_leaves_nothing_behind():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
-    with pytest.raises(RuntimeError):
-        with ndbg.watch(model, report=False):
-            for _ in range(3):
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
-            model(torch.randn(16, 5))  # shape error inside the first Linear
+    with pytest.raises(RuntimeError), ndbg.watch(model, report=False):
+        for _ in range(3):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        model(torch.randn(16, 5))  # shape error inside the first Linear
     _assert_unhooked(model)
     with ndbg.watch(model, report=False) as run:
         for _ in range(4):
@@ -127,9 +121,8 @@ def test_reentering_the_same_watch_continues_the_run():
     w = ndbg.watch(setup.model, report=False)
     with w as first:
         train(setup, 10, opt=opt)
-        with pytest.raises(RuntimeError):
-            with w:
-                pass
+        with pytest.raises(RuntimeError), w:
+            pass
     _assert_unhooked(setup.model)
     assert first.status == "finished"
     with w as second:
@@ -194,8 +187,9 @@ def test_loop_without_optimizer_counts_run_step_calls():
 
 def test_loop_without_optimizer_or_step_calls_is_one_step_with_a_warning():
     setup = mlp()
-    with pytest.warns(UserWarning, match="run.step"):
-        with ndbg.watch(setup.model, report=False) as run:
+    w = ndbg.watch(setup.model, report=False)
+    with pytest.warns(UserWarning, match="run.step"):  # noqa: PT031, SIM117 - warned at exit
+        with w as run:
             for step in range(3):
                 x, y = setup.batch(step)
                 F.cross_entropy(setup.model(x), y).backward()

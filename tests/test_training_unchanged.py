@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import cnn, mlp, train
 
 import neuraldbg_nb as ndbg
-from models import mlp, cnn, train
 
 STEPS = 80
 

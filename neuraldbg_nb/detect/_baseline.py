@@ -13,18 +13,42 @@ def log_level(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def trailing_mean(logs: np.ndarray, window: int, warmup: int) -> np.ndarray:
-    """Mean of the finite entries in the `window` rows before each row (NaN where fewer
-    than `warmup` are there). Causal: row t never sees row t or later, so the baseline of
-    a step is the same whether the trace ends there or goes on."""
+SCALE = 2.0 ** 20
+"""Fixed-point scale of log10 values in the window sums (a millionth of a decade)."""
+
+
+def trailing_stats(logs: np.ndarray, window: int, warmup: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and standard deviation of the finite entries in the `window` rows before each
+    row (NaN where fewer than `warmup` are there). Causal: row t never sees row t or later,
+    so a step's baseline is the same whether the trace ends there or goes on.
+
+    The window sums are differences of running sums in fixed-point integers: exact (the
+    int64 wrap-around cancels in the difference), so a step's baseline is bit-identical
+    whichever block of rows it was computed in, live step by step or all at once."""
     ok = ~np.isnan(logs)
-    zero_row = np.zeros((1,) + logs.shape[1:])
-    sums = np.concatenate([zero_row, np.cumsum(np.where(ok, logs, 0.0), axis=0)])
+    q = np.where(ok, np.rint(np.where(ok, logs, 0.0) * SCALE), 0).astype(np.int64)
+    zero_row = np.zeros((1,) + logs.shape[1:], np.int64)
+    with np.errstate(over="ignore"):
+        sums = np.concatenate([zero_row, np.cumsum(q, axis=0)])
+        squares = np.concatenate([zero_row, np.cumsum(q * q, axis=0)])
     counts = np.concatenate([zero_row, np.cumsum(ok, axis=0)])
-    n = logs.shape[0]
-    hi = np.arange(n)
+    hi = np.arange(logs.shape[0])
     lo = np.maximum(hi - window, 0)
-    s = sums[hi] - sums[lo]
-    c = counts[hi] - counts[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(c >= warmup, s / np.maximum(c, 1), np.nan)
+    c = (counts[hi] - counts[lo]).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mean = (sums[hi] - sums[lo]) / np.maximum(c, 1) / SCALE
+        var = (squares[hi] - squares[lo]) / np.maximum(c, 1) / SCALE ** 2 - mean ** 2
+    enough = c >= warmup
+    return (np.where(enough, mean, np.nan),
+            np.where(enough, np.sqrt(np.maximum(var, 0.0)), np.nan))
+
+
+def shift_beyond(logs: np.ndarray, window: int, warmup: int, noise: float
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(|shift| against the recent mean, the recent mean) with the shift measured in
+    decades beyond what the series' own noise explains: a jump must exceed `noise`
+    standard deviations of the recent history to count at all. NaN where not judged."""
+    mean, std = trailing_stats(logs, window, warmup)
+    shift = np.abs(logs - mean)
+    return np.where(shift >= noise * std, shift, 0.0 * shift), mean

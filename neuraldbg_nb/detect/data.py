@@ -22,7 +22,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     absmax = trace.scalar("in_absmax", lo, stop)
     const = trace.scalar("in_const", lo, stop)
     repeat = trace.scalar("in_repeat", lo, stop)
-    shift, base = shift_codes(absmax[:, None], th, can_error=True)
+    shift, base = shift_codes(absmax[:, None], th, loud=True)
     col = lambda a: a[:, None]  # noqa: E731 - one column: the data
     return [
         Finding("data_anomaly", "input_nonfinite", _flag(nonfinite, nonfinite > 0, ERROR),

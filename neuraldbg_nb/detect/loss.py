@@ -6,17 +6,19 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import log_level, trailing_mean
+from ._baseline import log_level, shift_beyond
 from ._scan import ERROR, HOLD, OK, Finding, fmt
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     loss = trace.scalar("loss", lo, stop)[:, None]
     nonfinite = np.where(np.isnan(loss), HOLD, np.where(np.isfinite(loss), OK, ERROR))
-    base = trailing_mean(log_level(loss), th.window, th.warmup)
+    logs = log_level(loss)
+    shift, base = shift_beyond(logs, th.window, th.warmup, th.noise)
     level = 10.0 ** base
-    rising = np.isfinite(loss) & (loss > 0) & ~np.isnan(base)
-    diverge = np.where(rising, np.where(loss >= th.loss_rise * level, ERROR, OK), HOLD)
+    rising = ~np.isnan(shift)
+    up = (logs > base) & (shift >= np.log10(th.loss_rise))
+    diverge = np.where(rising, np.where(up, ERROR, OK), HOLD)
     return [
         Finding("loss_nonfinite", "loss", nonfinite.astype(np.int8), loss, per_layer=False,
                 sticky=True, message=lambda n, s, v, p, sev: f"loss became non-finite at step "

@@ -1,0 +1,208 @@
+"""A throwaway JupyterLab server for the real-browser test.
+
+Loopback only, a free port, a token, and every Jupyter/IPython directory isolated in a
+temporary folder (nothing is written to ~/.local, ~/.jupyter or ~/.ipython). The kernel is
+this interpreter (`sys.executable`): a kernelspec naming it is written into the private
+data dir, so it wins over any other `python3` kernelspec. The server runs in its own
+process group, and `stop()` ends the group, kernels included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# JupyterLab settings for a test: every cell stays in the DOM (no virtual windowing), and
+# no news or update popups cover the cells.
+SETTINGS_OVERRIDES = {
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension:notification": {
+        "checkForUpdates": False,
+        "fetchNews": "false",
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def missing_requirements() -> list[str]:
+    """What the browser test needs and this machine lacks, each with how to install it."""
+    out = []
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        out.append("JupyterLab: pip install 'jupyterlab>=4' (or pip install -e '.[test]')")
+    try:
+        import ipykernel  # noqa: F401
+    except ImportError:
+        out.append("ipykernel: pip install ipykernel (or pip install -e '.[test]')")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        out.append("Playwright for Python: pip install playwright (or pip install -e "
+                   "'.[test]'); do NOT run `playwright install`, the test uses the system "
+                   "Chromium")
+    return out
+
+
+@dataclass
+class Lab:
+    """A running JupyterLab. `root` is its root dir (put notebooks there)."""
+
+    root: Path
+    port: int
+    token: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    dirs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, notebook: str) -> str:
+        return f"{self.base_url}/lab/tree/{notebook}?token={self.token}&reset"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_until_serving(self, timeout: float = 60.0) -> None:
+        """Wait until the server answers on its port; stop it and raise if it does not."""
+        try:
+            _wait_until_serving(self, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """End the server's process group (server and kernels): TERM, then KILL."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        # Kernels live in the same group and may outlive the server by a moment.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - should not happen
+            pass
+
+
+def start_lab(tmp: Path, timeout: float = 60.0) -> Lab:
+    """Start JupyterLab with its root and all its state under `tmp`; wait until it serves."""
+    lab = launch_lab(tmp)
+    lab.wait_until_serving(timeout)
+    return lab
+
+
+def launch_lab(tmp: Path) -> Lab:
+    """Start JupyterLab with its root and all its state under `tmp`, without waiting for
+    it (do something else meanwhile, then `lab.wait_until_serving()`)."""
+    root = tmp / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    dirs = {
+        name: tmp / sub
+        for name, sub in [
+            ("JUPYTER_CONFIG_DIR", "config"),
+            ("JUPYTER_DATA_DIR", "data"),
+            ("JUPYTER_RUNTIME_DIR", "runtime"),
+            ("IPYTHONDIR", "ipython"),
+            ("JUPYTERLAB_SETTINGS_DIR", "user-settings"),
+            ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+        ]
+    }
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    # The overrides go in as user settings of the private settings dir: same effect as an
+    # overrides.json, without writing into the environment's share/jupyter/lab/settings.
+    for plugin, values in SETTINGS_OVERRIDES.items():
+        package, name = plugin.split(":")
+        path = dirs["JUPYTERLAB_SETTINGS_DIR"] / package / f"{name}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values, indent=1))
+
+    # The kernel is this very interpreter, named explicitly (no "python" resolved via PATH).
+    spec = dirs["JUPYTER_DATA_DIR"] / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "metadata": {"debugger": False},
+    }, indent=1))
+
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in dirs.items()})
+    env["HOME"] = str(tmp / "home")  # anything else that writes to ~ writes here
+    (tmp / "home").mkdir(exist_ok=True)
+    env.pop("JUPYTER_PATH", None)
+    env.pop("JUPYTER_TOKEN", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MPLBACKEND", "Agg")
+
+    port = free_port()
+    token = secrets.token_hex(16)
+    cmd = [
+        sys.executable, "-m", "jupyterlab",
+        "--no-browser", "--allow-root",
+        "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--MappingKernelManager.cull_idle_timeout=0",
+    ]
+    log_path = tmp / "jupyterlab.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - the child holds it; closed with the process
+    try:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        log.close()
+    return Lab(root=root, port=port, token=token, proc=proc, log_path=log_path, dirs=dirs)
+
+
+def _wait_until_serving(lab: Lab, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if lab.proc.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with code {lab.proc.returncode} before "
+                               f"serving:\n{lab.log()[-4000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", lab.port), timeout=1):
+                pass
+            url = f"{lab.base_url}/api/status?token={lab.token}"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"JupyterLab did not serve on port {lab.port} within "
+                               f"{timeout:.0f} s:\n{lab.log()[-4000:]}")
+        time.sleep(0.25)
