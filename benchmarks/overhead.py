@@ -26,6 +26,7 @@ import contextlib
 import copy
 import datetime
 import gc
+import hashlib
 import inspect
 import math
 import os
@@ -180,10 +181,14 @@ def step_item_norms(b: Bench) -> dict[str, float]:
     return norms
 
 
+def _watch_params() -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(neuraldbg_nb.watch).parameters)
+
+
 def gradients_only_kwargs() -> tuple[dict[str, object], str | None]:
     """watch() arguments that turn activation statistics off, and a footnote when the
     API has no such mode and the benchmark falls back to a very large sample_every."""
-    params = inspect.signature(neuraldbg_nb.watch).parameters
+    params = _watch_params()
     if "activations" in params:
         return {"activations": False}, None
     if "gradients_only" in params:
@@ -193,6 +198,19 @@ def gradients_only_kwargs() -> tuple[dict[str, object], str | None]:
         "i.e. no sampled (rich) activation statistics after the first step; the per-step "
         "cheap path (one aminmax per layer output, input-batch stats, weight norms) and "
         "detection still run.")
+
+
+def every_step_kwargs() -> dict[str, object]:
+    """Rich activation statistics on every step: sample_every=1, and no overhead budget
+    that would stretch the interval (where watch() has one)."""
+    kw: dict[str, object] = {"sample_every": 1}
+    if "overhead" in _watch_params():
+        kw["overhead"] = None
+    return kw
+
+
+def call_text(kw: dict[str, object]) -> str:
+    return "watch(model" + "".join(f", {k}={v!r}" for k, v in kw.items()) + ")"
 
 
 @dataclass
@@ -237,7 +255,7 @@ def configs() -> tuple[list[Config], list[str]]:
         Config("control", "plain vs plain (control)", step),
         Config("default", "neuraldbg default", step, watch_kwargs={}),
         Config("grads", grad_label, step, watch_kwargs=grad_kw),
-        Config("sample1", "neuraldbg sample_every=1", step, watch_kwargs={"sample_every": 1}),
+        Config("sample1", "neuraldbg sample_every=1", step, watch_kwargs=every_step_kwargs()),
         Config("item", "ref: per-param .item() grad norms", step_item_norms),
         Config("anomaly", "ref: torch.autograd.detect_anomaly()", step, context=anomaly),
     ], notes
@@ -259,6 +277,15 @@ def run_block(b: Bench, c: Config, steps: int) -> float:
 
 
 # -- main ----------------------------------------------------------------------------
+
+
+def source_digest() -> str:
+    """A short hash of the engine's sources, to tell which code a table measured."""
+    h = hashlib.sha1()
+    root = Path(neuraldbg_nb.__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:10]
 
 
 def load() -> str:
@@ -307,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: {cmd}")
     print(f"machine: {platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
           f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__}")
+          f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__} "
+          f"(sources sha1 {source_digest()})")
     print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"load average at start: {load()} (other processes on the machine add noise)")
     print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3")
@@ -365,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         mem[4].append(f"{len(run.captures)} ({run.captures.nbytes / 2**20:.0f} MB)")
     print(fmt_table(["trace"] + header[1:], mem, md))
     print()
+    for c in cfgs:
+        if c.watch_kwargs is not None:
+            notes.append(f"{c.label}: {call_text(c.watch_kwargs)}")
     notes.append("Ratios: median over rounds of each config's mean step time, divided by the "
                  "plain loop's median. Paired ratios: each round's config time / the same "
                  "round's plain time.")

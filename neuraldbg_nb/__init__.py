@@ -5,7 +5,7 @@ parts load when `%load_ext neuraldbg_nb` or a view asks for them.
 """
 
 from .capture import Capture
-from .detect import detect
+from .detectors import detect
 from .events import Event, Kind
 from .run import Run, TrainingFailure, load
 from .thresholds import Thresholds

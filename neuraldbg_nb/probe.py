@@ -49,8 +49,10 @@ class Sampler:
     Every `every`-th step by default. With an `overhead` budget (a fraction of the step
     time), the interval grows where the statistics cost more than the budget allows: the
     time spent computing them on a sampled step, over the step's wall time, divided by the
-    budget, is the interval that holds it. Non-finite values are still caught every step
-    by the cheap path, whatever the interval.
+    budget, is the interval that holds it (it only grows, by doublings). Non-finite values
+    are still caught every step by the cheap path, whatever the interval. Because the
+    budget is measured in time, which steps are sampled can differ between two runs of
+    the same training; `overhead=None` gives a fixed, reproducible schedule.
     """
 
     MAX_INTERVAL = 1000
@@ -68,8 +70,9 @@ class Sampler:
         now = time.perf_counter()
         wall, self._last = now - self._last, now
         if self.overhead and self.spent > 0 and wall > self.spent:
-            need = math.ceil(self.spent / (wall - self.spent) / self.overhead)
-            self.interval = int(min(max(self.every, need), self.MAX_INTERVAL))
+            need = self.spent / (wall - self.spent) / self.overhead
+            while self.interval < min(need, self.MAX_INTERVAL):
+                self.interval *= 2  # only grows, in doublings: few distinct schedules
         if sampled:
             self._next = step + self.interval
         self.spent = 0.0

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import story
 from .capture import CaptureStore
-from .detect import Detection, StateMap, first_failure, symptoms
+from .detectors import Detection, StateMap, first_failure, symptoms
 from .events import Event
 from .thresholds import Thresholds
 from .trace import Trace

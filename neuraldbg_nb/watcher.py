@@ -17,7 +17,7 @@ from typing import Any, Literal
 from torch import nn
 
 from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
-from .detect import Detection, wake
+from .detectors import Detection, wake
 from .probe import Probe, StepRecord
 from .run import Run, TrainingFailure
 from .thresholds import Thresholds

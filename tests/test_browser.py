@@ -201,6 +201,8 @@ def _real_errors(errors: list[str]) -> list[str]:
 # -- the test -------------------------------------------------------------------------------
 def test_panel_in_jupyterlab(tmp_path: Path) -> None:
     _require()
+    for old in [*_artifacts().glob("*.png"), ARTIFACTS / "report.json"]:
+        old.unlink(missing_ok=True)  # nothing stale from an earlier run
     with _lab_and_page(tmp_path) as (lab, page):
         _drive(lab, page)
 

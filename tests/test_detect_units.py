@@ -13,7 +13,7 @@ import torch
 from models import mlp, train
 
 import neuraldbg_nb as ndbg
-from neuraldbg_nb.detect import Detection, detect, first_failure
+from neuraldbg_nb.detectors import Detection, detect, first_failure
 from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
 
 N = 60

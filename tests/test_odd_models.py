@@ -162,7 +162,7 @@ def test_odd_outputs_fault_is_found(kind):
     make, logits, faulty = ODD[kind]
     torch.manual_seed(0)
     model = make()
-    target = faulty if kind != "tuple" else "block"
+    target = faulty
     with ndbg.watch(model, report=False) as run:
         _loop(model, STEPS, out_to_logits=logits,
               on_step_start=_scale_weight_at(model, target, S))
