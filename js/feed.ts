@@ -2,7 +2,7 @@
  * The first failure, pinned in one sentence, and the event feed: causes in step order with
  * their symptoms grouped under them. Long feeds render only their latest rows.
  */
-import { isSelected, type FirstFailure, type PanelEvent, type Selection, type Snapshot } from "./model";
+import { eventPick, firstPicked, pickedIds, type FirstFailure, type PanelEvent, type Clicked, type Snapshot } from "./model";
 
 /** Rows rendered at most (causes + symptoms); earlier groups collapse into one line. */
 export const FEED_CAP = 200;
@@ -65,11 +65,13 @@ export function buildFeed(events: readonly PanelEvent[], cap = FEED_CAP, symptom
 
 export interface FeedView {
   readonly el: HTMLElement;
-  update(snap: Snapshot): void;
+  /** Show `snap`; `pick` (what the user last clicked) decides the highlighted row. */
+  update(snap: Snapshot, pick: Clicked | null): void;
 }
 
 export interface FeedOptions {
-  onSelect(selection: Selection): void;
+  /** A click (or Enter) on the first-failure box or a feed row. */
+  onSelect(pick: Clicked): void;
 }
 
 function span(className: string, text: string): HTMLSpanElement {
@@ -79,11 +81,11 @@ function span(className: string, text: string): HTMLSpanElement {
   return s;
 }
 
-function eventRow(ev: PanelEvent, symptom: boolean, snap: Snapshot): HTMLElement {
+function eventRow(ev: PanelEvent, symptom: boolean, snap: Snapshot, picked: ReadonlySet<number>): HTMLElement {
   const row = document.createElement("div");
   row.className = `ndbg-event ${symptom ? "ndbg-symptom" : "ndbg-cause"} ndbg-sev-${ev.severity}`;
   if (snap.firstFailure?.id === ev.id) row.classList.add("ndbg-is-first");
-  if (isSelected(ev, snap.selected)) row.classList.add("ndbg-selected");
+  if (picked.has(ev.id)) row.classList.add("ndbg-selected");
   row.dataset.id = String(ev.id);
   row.dataset.step = String(ev.step);
   if (ev.layer !== null) row.dataset.layer = ev.layer;
@@ -115,12 +117,13 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
   parent.append(first, feed);
 
   let snap: Snapshot | null = null;
+  let pick: Clicked | null = null;
   let shownFirst: FirstFailure | null = null;
   let cap = FEED_CAP;
   let byId = new Map<number, PanelEvent>();
 
-  function select(ev: { layer: string | null; step: number }): void {
-    options.onSelect({ layer: ev.layer, step: ev.step });
+  function select(ev: FirstFailure, where: "first" | "feed"): void {
+    options.onSelect(eventPick(ev, where));
   }
 
   function render(): void {
@@ -130,7 +133,7 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
     first.hidden = shownFirst === null;
     if (shownFirst) {
       first.className = `ndbg-first-failure ndbg-sev-${shownFirst.severity}`;
-      first.classList.toggle("ndbg-selected", isSelected(shownFirst, s.selected));
+      first.classList.toggle("ndbg-selected", firstPicked(shownFirst, pick, s.selected));
       first.dataset.id = String(shownFirst.id);
       first.dataset.step = String(shownFirst.step);
       firstText.textContent = shownFirst.message;
@@ -138,6 +141,7 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
     }
 
     byId = new Map(s.events.map((ev) => [ev.id, ev]));
+    const picked = pickedIds(s.events, pick, s.selected);
     const atBottom = feed.scrollHeight - feed.scrollTop - feed.clientHeight < 8;
     const layout = buildFeed(s.events, cap);
     const nodes: HTMLElement[] = [];
@@ -152,11 +156,11 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
       const group = document.createElement("div");
       group.className = "ndbg-group";
       group.setAttribute("role", "listitem");
-      group.appendChild(eventRow(g.cause, false, s));
+      group.appendChild(eventRow(g.cause, false, s, picked));
       if (g.symptoms.length) {
         const list = document.createElement("div");
         list.className = "ndbg-symptoms";
-        for (const ev of g.symptoms) list.appendChild(eventRow(ev, true, s));
+        for (const ev of g.symptoms) list.appendChild(eventRow(ev, true, s, picked));
         if (g.moreSymptoms > 0) {
           list.appendChild(span("ndbg-symptoms-more", `+${g.moreSymptoms} more symptom${g.moreSymptoms === 1 ? "" : "s"}`));
         }
@@ -184,29 +188,30 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
       return;
     }
     const ev = eventOf(e.target);
-    if (ev) select(ev);
+    if (ev) select(ev, "feed");
   });
   feed.addEventListener("keydown", (e) => {
     if (e.key !== "Enter" && e.key !== " ") return;
     const ev = eventOf(e.target);
     if (!ev) return;
     e.preventDefault();
-    select(ev);
+    select(ev, "feed");
   });
   first.addEventListener("click", () => {
-    if (shownFirst) select(shownFirst);
+    if (shownFirst) select(shownFirst, "first");
   });
   first.addEventListener("keydown", (e) => {
     if ((e.key === "Enter" || e.key === " ") && shownFirst) {
       e.preventDefault();
-      select(shownFirst);
+      select(shownFirst, "first");
     }
   });
 
   return {
     el: feed,
-    update(next) {
+    update(next, nextPick) {
       snap = next;
+      pick = nextPick;
       render();
     },
   };

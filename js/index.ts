@@ -4,12 +4,12 @@
  * views that read it. Writes to Python go through the one debounced sync helper.
  */
 import type { RenderProps } from "@anywidget/types";
-import { pickStep } from "./bucketing";
+import { pickStep, stepRange } from "./bucketing";
 import { createFeed } from "./feed";
 import { createHeader } from "./header";
 import { createHeatmap, type Cell } from "./heatmap";
 import { createInspector } from "./inspector";
-import { snapshot, TRAITS, type PanelTraits, type Selection, type Thresholds, type TraitName } from "./model";
+import { snapshot, TRAITS, type PanelTraits, type Clicked, type Thresholds, type TraitName } from "./model";
 import css from "./panel.css";
 import { createSliders } from "./sliders";
 import { createPythonSync } from "./sync";
@@ -27,7 +27,7 @@ function touches(changed: ReadonlySet<TraitName>, traits: readonly TraitName[]):
   return traits.some((t) => changed.has(t));
 }
 
-export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): () => void {
+function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): () => void {
   const root = document.createElement("div");
   root.className = "ndbg-panel";
   const style = document.createElement("style");
@@ -40,6 +40,9 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
   /** Traits changed since the last frame; the map also repaints on scroll, hover, resize. */
   const dirty = new Set<TraitName>();
   let mapDirty = false;
+  /** What the user last clicked (the trait says only layer and step); the feed shows it. */
+  let pick: Clicked | null = null;
+  let feedDirty = false;
   let frame: number | null = null;
 
   const header = createHeader(root);
@@ -47,9 +50,13 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
   message.className = "ndbg-message";
   root.appendChild(message);
 
-  function select(selection: Selection): void {
-    inspector.expect(selection);
-    sync.set("selected", selection);
+  function select(next: Clicked): void {
+    pick = next;
+    // The trait may not change (same layer and step as before), so repaint the feed anyway.
+    feedDirty = true;
+    inspector.expect(next.selection);
+    sync.set("selected", next.selection);
+    schedule();
   }
 
   const heatmap = createHeatmap(root, {
@@ -59,7 +66,9 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
       if (layer === undefined) return;
       const [start, stop] = s.mapSteps;
       const step = pickStep(s.events, layer, cell.col, start, stop, s.mapCols);
-      if (step >= 0) select({ layer, step });
+      if (step < 0) return;
+      const [lo, hi] = stepRange(cell.col, start, stop, s.mapCols);
+      select({ kind: "cell", layer, lo, hi, selection: { layer, step } });
     },
     requestDraw() {
       mapDirty = true;
@@ -67,7 +76,10 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
     },
   });
   const inspector = createInspector(root, {
-    onClose: () => sync.set("selected", null),
+    onClose() {
+      pick = null;
+      sync.set("selected", null);
+    },
   });
   const feed = createFeed(root, { onSelect: select });
 
@@ -108,7 +120,10 @@ export function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "
       mapDirty = true;
     }
     if (changed.has("inspector_html")) inspector.setHtml(s.inspectorHtml, s.selected);
-    if (touches(changed, FEED)) feed.update(s);
+    if (feedDirty || touches(changed, FEED)) {
+      feedDirty = false;
+      feed.update(s, pick);
+    }
     if (changed.has("thresholds")) sliders.update(s.thresholds);
     if (mapDirty) {
       mapDirty = false;

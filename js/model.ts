@@ -47,9 +47,88 @@ export interface Selection {
   step: number;
 }
 
-/** Does `sel` point at this event (or selection)? */
+/** Do two selections name the same layer and step? (Many events can share one.) */
 export function isSelected(ev: Selection, sel: Selection | null): boolean {
   return sel !== null && sel.layer === ev.layer && sel.step === ev.step;
+}
+
+/**
+ * What the user clicked, kept on the JS side: the `selected` trait only says layer and step,
+ * which several events (and the first-failure box) can share, so the highlight follows the
+ * pick instead. `selection` is what the click wrote to `selected`; the pick stands only
+ * while the trait still says that.
+ */
+export type Clicked =
+  | {
+      kind: "event";
+      /** The first-failure box or a feed row. */
+      where: "first" | "feed";
+      id: number;
+      /** Identity that survives re-classification (which renumbers event ids). */
+      event: PickedEvent;
+      selection: Selection;
+    }
+  | {
+      kind: "cell";
+      layer: string;
+      /** The bucket's steps, [lo, hi). */
+      lo: number;
+      hi: number;
+      selection: Selection;
+    };
+
+export interface PickedEvent {
+  layer: string | null;
+  step: number;
+  kind: string;
+}
+
+export function eventPick(ev: FirstFailure, where: "first" | "feed"): Clicked {
+  return {
+    kind: "event",
+    where,
+    id: ev.id,
+    event: { layer: ev.layer, step: ev.step, kind: ev.kind },
+    selection: { layer: ev.layer, step: ev.step },
+  };
+}
+
+function sameEvent(ev: FirstFailure, id: PickedEvent): boolean {
+  return ev.layer === id.layer && ev.step === id.step && ev.kind === id.kind;
+}
+
+/** Is the pick still what `selected` says (not closed, not replaced from Python)? */
+export function pickStands(pick: Clicked | null, selected: Selection | null): pick is Clicked {
+  return pick !== null && isSelected(pick.selection, selected);
+}
+
+/**
+ * The ids of the feed rows to highlight for `pick`: the clicked event (by id, else by
+ * layer, step and kind when re-classification renumbered the events), or the events of
+ * the clicked cell's layer in its bucket. Empty when the pick no longer stands or was the
+ * first-failure box.
+ */
+export function pickedIds(events: readonly PanelEvent[], pick: Clicked | null, selected: Selection | null): Set<number> {
+  const out = new Set<number>();
+  if (!pickStands(pick, selected)) return out;
+  if (pick.kind === "cell") {
+    for (const ev of events) {
+      if (ev.layer === pick.layer && ev.step >= pick.lo && ev.step < pick.hi) out.add(ev.id);
+    }
+    return out;
+  }
+  if (pick.where !== "feed") return out;
+  const byId = events.find((ev) => ev.id === pick.id && sameEvent(ev, pick.event));
+  const hit = byId ?? events.find((ev) => sameEvent(ev, pick.event));
+  if (hit) out.add(hit.id);
+  return out;
+}
+
+/** Highlight the first-failure box? Only when it was clicked and still shows that event. */
+export function firstPicked(first: FirstFailure | null, pick: Clicked | null, selected: Selection | null): boolean {
+  return (
+    first !== null && pickStands(pick, selected) && pick.kind === "event" && pick.where === "first" && sameEvent(first, pick.event)
+  );
 }
 
 /** Binary traits: a DataView from the widget manager; other views tolerated (tests, old managers). */

@@ -33,6 +33,14 @@ def _series(run: Run, column: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
     return steps, v
 
 
+def warm_up() -> None:
+    """Load altair and the renderer (seconds, the first time in a process)."""
+    import altair as alt
+    import pandas as pd
+
+    _svg(alt.Chart(pd.DataFrame({"x": [0, 1]})).mark_line().encode(x="x:Q"))
+
+
 def _svg(chart: Any) -> str:
     import vl_convert as vlc
 
@@ -41,27 +49,45 @@ def _svg(chart: Any) -> str:
 
 def _line_chart(run: Run, column: str, title: str, layer: int, step: int,
                 rules: dict[str, float]) -> str | None:
+    """One column of one layer over the run, the selected step marked in red; threshold
+    lines are drawn only where they fall near the data (a line decades away would squash
+    the curve flat)."""
     import altair as alt
     import pandas as pd
 
     steps, values = _series(run, column, layer)
     if len(values) == 0:
         return None
-    data = pd.DataFrame({"step": steps, title: values})
-    log = column in ("grad_norm", "act_absmax")
-    y = alt.Y(f"{title}:Q", scale=alt.Scale(type="log") if log else alt.Undefined)
-    layers = [alt.Chart(data).mark_line(color="#4c78a8").encode(x="step:Q", y=y)]
-    rule_rows = [{"name": k, "value": v} for k, v in rules.items()]
-    if rule_rows:
-        layers.append(alt.Chart(pd.DataFrame(rule_rows)).mark_rule(strokeDash=[4, 3], color="#999")
-                      .encode(y="value:Q", tooltip=["name:N", "value:Q"]))
+    data = pd.DataFrame({"step": steps, "value": values})
+    log = column in ("grad_norm", "act_absmax", "act_std")
+    if log:
+        values = values[values > 0]
+        if len(values) == 0:
+            return None
+        lo, hi = float(values.min()) / 10, float(values.max()) * 10
+        scale = alt.Scale(type="log", domain=[lo, hi])
+    else:
+        lo, hi, scale = -np.inf, np.inf, alt.Scale(zero=False)
+    y = alt.Y("value:Q", scale=scale, title=title)
+    layers = [alt.Chart(data).mark_line(color="#4c78a8", clip=True).encode(
+        x=alt.X("step:Q", title="step"), y=y)]
+    near = [{"threshold": k, "value": v} for k, v in rules.items() if lo <= v <= hi]
+    if near:
+        layers.append(alt.Chart(pd.DataFrame(near)).mark_rule(strokeDash=[4, 3], color="#888")
+                      .encode(y=alt.Y("value:Q", scale=scale, title=title)))
     layers.append(alt.Chart(pd.DataFrame({"step": [step]})).mark_rule(color="#d62728")
                   .encode(x="step:Q"))
-    chart = alt.layer(*layers).properties(width=300, height=140, title=f"{title} of this layer")
-    return _svg(chart)
+    far = [f"{k} {v:g}" for k, v in rules.items() if not lo <= v <= hi]
+    subtitle = f"threshold off the chart: {', '.join(far)}" if far else ""
+    chart = alt.layer(*layers).properties(
+        width=300, height=140, title=alt.TitleParams(f"{title} of this layer", subtitle=subtitle))
+    return _svg(chart.configure_axis(gridOpacity=0.35))
 
 
 def _histograms(now: Capture, before: Capture | None) -> list[str]:
+    """Histograms of the captured output, gradient and weight at the step, beside the
+    last healthy capture of the layer (each on its own axis: a blown-up tensor and a
+    healthy one rarely share a scale)."""
     import altair as alt
     import pandas as pd
 
@@ -69,32 +95,35 @@ def _histograms(now: Capture, before: Capture | None) -> list[str]:
     for name in ("output", "grad", "weight"):
         if name not in now.tensors:
             continue
-        frames = []
+        charts = []
         for cap, label in ((now, f"step {now.step}"), (before, "last healthy")):
             if cap is None or name not in cap.tensors:
                 continue
             x = cap.tensors[name].float().reshape(-1).numpy()
-            x = x[np.isfinite(x)]
-            if len(x) == 0:
+            finite = x[np.isfinite(x)]
+            bad = len(x) - len(finite)
+            if len(finite) == 0:
+                charts.append(None)
                 continue
-            counts, edges = np.histogram(x, bins=BINS)
-            frames.append(pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts,
-                                        "capture": f"{label} (step {cap.step})"}))
-        if not frames:
+            counts, edges = np.histogram(finite, bins=BINS)
+            data = pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts})
+            title = f"{name}, {label}" + (f" (step {cap.step})" if label != f"step {cap.step}"
+                                          else "") + (f", {bad} non-finite" if bad else "")
+            charts.append(alt.Chart(data).mark_bar(color="#4c78a8" if cap is now else "#9ecae9")
+                          .encode(x=alt.X("lo:Q", title=None), x2="hi:Q",
+                                  y=alt.Y("count:Q", title=None), y2=alt.datum(0))
+                          .properties(width=200, height=100, title=title))
+        drawn = [c for c in charts if c is not None]
+        if not drawn:
             out.append(f"<p>{name}: no finite values captured</p>")
             continue
-        data = pd.concat(frames)
-        chart = alt.Chart(data).mark_bar(opacity=0.55).encode(
-            x=alt.X("lo:Q", title=name), x2="hi:Q", y=alt.Y("count:Q", stack=None),
-            color=alt.Color("capture:N", legend=alt.Legend(orient="bottom", title=None)),
-        ).properties(width=260, height=120, title=f"{name} histogram")
-        out.append(_svg(chart))
+        out.append(_svg(alt.hconcat(*drawn).configure_axis(gridOpacity=0.35)))
     return out
 
 
-def numbers(run: Run, layer: int, step: int) -> dict[str, float]:
-    """The layer's recorded numbers at `step` (sampled ones from the nearest sampled step
-    at or before it)."""
+def numbers(run: Run, layer: int, step: int) -> dict[str, tuple[float, int]]:
+    """The layer's recorded numbers at `step`, each with the step it was measured at
+    (sampled statistics come from the nearest sampled step at or before it)."""
     from .trace import LAYER_COLUMNS
 
     out = {}
@@ -102,7 +131,7 @@ def numbers(run: Run, layer: int, step: int) -> dict[str, float]:
         col = run.trace.col(c)[: step + 1, layer]
         seen = np.flatnonzero(~np.isnan(col))
         if len(seen):
-            out[c] = float(col[seen[-1]])
+            out[c] = (float(col[seen[-1]]), int(seen[-1]))
     return out
 
 
@@ -111,7 +140,12 @@ def inspector_html(run: Run, layer: str | None, step: int) -> str:
     names = run.trace.layer_names
     step = int(np.clip(step, 0, max(run.trace.n_steps - 1, 0)))
     esc = html.escape
-    parts = [f"<div class='ndbg-insp'><h4>{esc(layer or 'input batch')} at step {step}</h4>"]
+    label = layer or "the input batch"
+    if layer in names:
+        label = f"{layer} ({run.trace.layers[names.index(layer)].type})"
+        state = {1: "healthy", 2: "warning", 3: "error"}[run.states.at(step, names.index(layer))]
+        label += f", {state}"
+    parts = [f"<div class='ndbg-insp'><p class='ndbg-insp-head'>{esc(label)}</p>"]
     events = [e for e in run.events if e.layer == layer and e.step == step]
     for e in events:
         parts.append(f"<p class='ndbg-insp-event ndbg-{e.severity}'>{esc(e.message)}</p>")
@@ -133,7 +167,9 @@ def inspector_html(run: Run, layer: str | None, step: int) -> str:
     if layer in names:
         j = names.index(layer)
         nums = numbers(run, j, step)
-        rows = "".join(f"<tr><td>{esc(k)}</td><td>{v:.4g}</td></tr>" for k, v in nums.items())
+        rows = "".join(f"<tr><td>{esc(k)}</td><td>{v:.4g}</td><td>"
+                       + ("" if at == step else f"(step {at})") + "</td></tr>"
+                       for k, (v, at) in nums.items())
         parts.append(f"<table class='ndbg-insp-numbers'>{rows}</table>")
         parts.append(_charts(run, j, step, cap))
     parts.append("</div>")

@@ -8,6 +8,7 @@ slider re-classifies the recorded run with the engine's pure detection.
 
 from __future__ import annotations
 
+import threading
 import time
 from importlib import resources
 from typing import Any
@@ -27,6 +28,8 @@ from .run import Run
 MAX_RATE = 10.0
 """Panel updates per second at most while training."""
 HELP = "click an event or a cell of the map to inspect it; drag a slider to re-classify"
+LIVE_HELP = ("the map fills live; clicks and sliders are answered when the cell finishes "
+             "(or stops at the failure)")
 
 
 def _static(name: str) -> Any:
@@ -37,6 +40,19 @@ def _static(name: str) -> Any:
             f"with `pip install -e .` (needs npm), or build it with `npm install && npm run "
             f"build` in the project root.")
     return path
+
+
+def _warm_charts() -> None:
+    """Import and start the chart renderer in the background once training is over, so
+    the first click on an event does not wait seconds for it."""
+    def warm() -> None:
+        try:
+            from .inspector import warm_up
+            warm_up()
+        except Exception:  # noqa: BLE001 - a failed warm-up only means a slower first chart
+            return
+
+    threading.Thread(target=warm, name="neuraldbg-chart-warmup", daemon=True).start()
 
 
 class Panel(anywidget.AnyWidget):
@@ -74,6 +90,7 @@ class Panel(anywidget.AnyWidget):
     def _on_step(self, run: Run, new: list[Event]) -> None:
         if run.status != "training":
             self.push(force=True)
+            _warm_charts()
             return
         self.push()
 
@@ -90,7 +107,7 @@ class Panel(anywidget.AnyWidget):
                 setattr(self, name, value)
             if not self.thresholds:
                 self.thresholds = serialize.thresholds(self.run)
-            self.message = HELP if done else f"training: step {self.run.trace.n_steps}"
+            self.message = HELP if done else LIVE_HELP
 
     # -- browser -> kernel ------------------------------------------------------------
     def _on_thresholds(self, change: dict[str, Any]) -> None:
@@ -116,6 +133,8 @@ class Panel(anywidget.AnyWidget):
         self.message = (f"re-classified {new.trace.n_steps} steps x {new.trace.n_layers} "
                         f"layers in {1000 * (time.perf_counter() - started):.0f} ms: "
                         f"{sum(e.severity == 'error' for e in new.events)} errors")
+        if self.selected:  # the inspector shows the new verdicts too
+            self._on_selected({"new": self.selected})
         return new
 
     def _on_selected(self, change: dict[str, Any]) -> None:

@@ -17,16 +17,17 @@ import textwrap
 from pathlib import Path
 
 import nbformat
+from nbformat import NotebookNode
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
 
-def md(text: str):  # noqa: ANN201
+def md(text: str) -> NotebookNode:
     return new_markdown_cell(textwrap.dedent(text).strip("\n"))
 
 
-def code(text: str):  # noqa: ANN201
+def code(text: str) -> NotebookNode:
     return new_code_cell(textwrap.dedent(text).strip("\n"))
 
 
@@ -90,13 +91,14 @@ DATA = code('''
 ''')
 
 
-def lesson_ok(text: str):  # noqa: ANN201
+def lesson_ok(text: str) -> NotebookNode:
+    """The last cell: asserts the lesson's claim and prints `LESSON OK: ...`."""
     return code(text)
 
 
 # -- 01 -----------------------------------------------------------------------------------
 
-def nb01() -> list:
+def nb01() -> list[NotebookNode]:
     return [
         md('''
             # 1. Vanishing gradients: a deep sigmoid network that never learns
@@ -308,7 +310,7 @@ MLP = code('''
 
 # -- 02 -----------------------------------------------------------------------------------
 
-def nb02() -> list:
+def nb02() -> list[NotebookNode]:
     return [
         md('''
             # 2. Exploding gradients: a learning rate that blows up
@@ -366,10 +368,10 @@ def nb02() -> list:
         md('''
             Read it from the top. At step 5, **one update moved the output layer's weights
             by about twice their own size**: that is the first failure. Three steps later
-            the same happens to every layer; then the loss jumps by 40x; then the
-            gradients explode (norms of 10^4, a hundred thousand times what they were);
-            then the loss and the gradients become NaN; in the end the ReLUs are dead and
-            the gradients vanish. "Exploding gradients" is in the list, loud, but it is the
+            the same happens to every layer; then the loss jumps by 40x and the ReLUs start
+            to die; then the gradients explode (norms of 10^4, a hundred thousand times what
+            they were at the start); then the loss and the gradients become NaN, and the
+            gradients of the dead layers vanish. "Exploding gradients" is in the list, loud, but it is the
             fourth thing that went wrong, not the first.
 
             Three rules tell cause from symptoms, and the panel applies them for you:
@@ -477,7 +479,7 @@ def nb02() -> list:
 
 # -- 03 -----------------------------------------------------------------------------------
 
-def nb03() -> list:
+def nb03() -> list[NotebookNode]:
     return [
         md('''
             # 3. Dead ReLUs: units that stop firing and never come back
@@ -654,10 +656,670 @@ def nb03() -> list:
     ]
 
 
+# -- 04 -----------------------------------------------------------------------------------
+
+def nb04() -> list[NotebookNode]:
+    return [
+        md('''
+            # 4. NaN hunting: is it the data or the model?
+
+            A NaN spreads. One NaN in one input makes that example's output NaN in every
+            layer; the loss is a mean over the batch, so it is NaN; every gradient is NaN;
+            after the update every weight is NaN, and from then on every output of every
+            example. One step after it appears, the whole network is NaN and the question
+            "where did it come from?" has no answer left in the model.
+
+            It has one at the step it appeared: follow the forward pass, and the first place
+            a non-finite value shows up is the origin. If it is **the input batch**, fix the
+            data. If the input is finite and **a layer** turns it into NaN, fix the layer.
+            `%%neuraldbg --stop-on error` stops the training right there, before the
+            optimizer applies the NaN gradients, with the step's tensors captured.
+
+            Two runs below, each with one NaN: one from a batch, one from a layer.
+        '''),
+        SETUP, DATA_MD, DATA,
+        md('''
+            ## The model
+
+            A classifier that standardizes each image itself (mean 0, standard deviation 1
+            per image) as its first layer, a common way to make a model independent of
+            brightness and contrast that also travels with the model when it is deployed.
+        '''),
+        code('''
+            class Standardize(nn.Module):
+                """Each image to mean 0 and standard deviation 1."""
+
+                def __init__(self, eps=0.0):
+                    super().__init__()
+                    self.eps = eps
+
+                def forward(self, x):
+                    return (x - x.mean(dim=1, keepdim=True)) / (x.std(dim=1, keepdim=True) + self.eps)
+
+
+            def classifier(eps=0.0):
+                torch.manual_seed(0)
+                return nn.Sequential(OrderedDict(
+                    standardize=Standardize(eps),
+                    fc1=nn.Linear(64, 128), relu1=nn.ReLU(),
+                    fc2=nn.Linear(128, 64), relu2=nn.ReLU(),
+                    out=nn.Linear(64, 10),
+                ))
+
+
+            def train(model, X, y):
+                """The training loop of this lesson (SGD, 7 epochs)."""
+                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                for xb, yb in batches(X, y, epochs=7):
+                    opt.zero_grad()
+                    F.cross_entropy(model(xb), yb).backward()
+                    opt.step()
+        '''),
+        md('''
+            ## Two datasets, one problem each
+
+            - **A missing value.** One pixel of image 1000 is NaN, as a corrupted file or a
+              failed sensor read leaves it in a real dataset.
+            - **A blank image.** Image 700 is all zeros: a blank scan. Every value is a
+              perfectly good number.
+
+            We also work out at which step each image comes in a batch, to check the panel
+            against it.
+        '''),
+        code('''
+            X_missing = X_train.clone()
+            X_missing[1000, 27] = float("nan")
+
+            X_blank = X_train.clone()
+            X_blank[700] = 0.0
+
+
+            def step_of(X, index):
+                """The first training step whose batch holds image `index` of X."""
+                image = X[index].nan_to_num(-1)
+                for step, (xb, _) in enumerate(batches(X, y_train, epochs=7)):
+                    if (xb.nan_to_num(-1) == image).all(dim=1).any():
+                        return step
+
+
+            missing_step, blank_step = step_of(X_missing, 1000), step_of(X_blank, 700)
+            print(f"image 1000 (missing value) comes at step {missing_step}; "
+                  f"image 700 (blank) at step {blank_step}")
+        '''),
+        md('''
+            ## Run 1: the missing value
+        '''),
+        code('''
+            %%neuraldbg --stop-on error -o run_data
+            model = classifier()
+            train(model, X_missing, y_train)
+        '''),
+        code('''
+            print(run_data)
+        '''),
+        md('''
+            The training stopped at the step the image came in. The first failure has no
+            layer: **the input batch has non-finite values**. Every layer's NaN, the loss's
+            and the gradients' are listed after it as symptoms, because at the same step the
+            data comes first. The captured batch says which example and which pixel:
+        '''),
+        code('''
+            cap = run_data.inspect(run_data.first_failure)
+            batch = cap["batch"]
+            rows = torch.isnan(batch).any(dim=1).nonzero().flatten().tolist()
+            pixels = torch.isnan(batch[rows[0]]).nonzero().flatten().tolist()
+            print(f"step {cap.step}: row {rows[0]} of the batch has NaN at pixel {pixels}")
+            same = (X_missing.nan_to_num(-1) == batch[rows[0]].nan_to_num(-1)).all(dim=1)
+            print("that row is image", same.nonzero().flatten().tolist(), "of the training set")
+        '''),
+        md('''
+            **Fix: the data.** Check every example once, where the data is loaded, and drop
+            (or repair) what is not finite. A model cannot be made robust to a NaN input;
+            it can only be kept from seeing one.
+
+            ## Run 2: the blank image
+        '''),
+        code('''
+            %%neuraldbg --stop-on error -o run_model
+            model = classifier()
+            train(model, X_blank, y_train)
+        '''),
+        code('''
+            print(run_model)
+        '''),
+        md('''
+            This time the first failure names a layer: **`standardize`: activations became
+            non-finite**. No data anomaly is reported: the batch was finite (a blank image
+            is unusual, not broken). The layer's own captured input and output show the
+            mechanism:
+        '''),
+        code('''
+            cap = run_model.inspect(run_model.first_failure)
+            x, out = cap["input"], cap["output"]
+            print(f"input of standardize at step {cap.step}: finite everywhere: {bool(torch.isfinite(x).all())}")
+            bad = (~torch.isfinite(out)).any(dim=1).nonzero().flatten().tolist()
+            row = bad[0]
+            print(f"output not finite in row {bad}; that row's input: min {x[row].min():.1f}, "
+                  f"max {x[row].max():.1f}, std {x[row].std():.1f}")
+            print("so the layer computed (0 - 0) / 0 =", (torch.tensor(0.0) / torch.tensor(0.0)).item())
+        '''),
+        md('''
+            A blank image has a standard deviation of 0, and the layer divides by it.
+            **Fix: the model.** Every division needs a guard: `std + eps`, as
+            `nn.LayerNorm` and `nn.BatchNorm` do internally. The blank image can stay in the
+            data; the model must cope with it.
+
+            ## How the first failure told them apart
+
+            | | first failure | layer | what to fix |
+            |---|---|---|---|
+            | missing value | `data_anomaly` (input non-finite) | none: the data | the data |
+            | blank image | `nonfinite_activation` | `standardize` | the layer |
+
+            In both runs the symptoms were the same list: every layer after the origin
+            non-finite, the loss non-finite, every gradient non-finite. Only the first
+            failure differs, and it is the only thing you need.
+
+            ## Both fixes, and the healthy run
+
+            The data is checked once at load time (the NaN image is dropped); the layer gets
+            its `eps`; the blank image stays.
+        '''),
+        code('''
+            X_both = X_missing.clone()
+            X_both[700] = 0.0                                 # both problems in one dataset
+            finite = torch.isfinite(X_both).all(dim=1)
+            print(f"dropping {int((~finite).sum())} example(s) with non-finite values")
+            X_clean, y_clean = X_both[finite], y_train[finite]
+        '''),
+        code('''
+            %%neuraldbg --stop-on error -o fixed
+            model = classifier(eps=1e-5)
+            train(model, X_clean, y_clean)
+        '''),
+        code('''
+            fixed_acc = accuracy(model)
+            print(fixed)
+            print(f"\\ntest accuracy {fixed_acc:.1%}")
+        '''),
+        md('''
+            ## The lesson, checked
+        '''),
+        lesson_ok('''
+            d, m = run_data.first_failure, run_model.first_failure
+            assert d is not None and d.kind == "data_anomaly" and d.layer is None, d
+            assert d.signal == "input_nonfinite" and d.step == missing_step, d
+            assert run_data.status == "stopped" and run_data.trace.n_steps == missing_step + 1
+            assert m is not None and m.kind == "nonfinite_activation", m
+            assert (m.layer, m.step) == ("standardize", blank_step), m
+            assert not any(e.kind == "data_anomaly" for e in run_model.events)
+            assert run_model.status == "stopped"
+            assert fixed.first_failure is None and fixed.status == "finished", fixed
+            assert fixed_acc > 0.9, fixed_acc
+            print(f"LESSON OK: data_anomaly (no layer) step {d.step}; "
+                  f"nonfinite_activation {m.layer} step {m.step}; fixed run healthy")
+        '''),
+    ]
+
+
+# -- 05 -----------------------------------------------------------------------------------
+
+def nb05() -> list[NotebookNode]:
+    return [
+        md('''
+            # 5. Thresholds and regime shifts: re-judging a finished run
+
+            Every detector has a threshold, and no threshold is right for every model. The
+            panel lets you move them after the run and see the whole run re-classified at
+            once, without training again: the recorded trace is kept, and detection is a
+            pure function of the trace and the thresholds.
+
+            This lesson: a training that goes wrong in the middle, the sliders (and their
+            code form, `run.reclassify(...)`), what a threshold too loose or too tight does
+            to the diagnosis, and why the panel looks at **transitions** (a layer against
+            its own recent history) rather than absolute values.
+        '''),
+        SETUP, DATA_MD, DATA, MLP,
+        md('''
+            ## The story: new data arrives
+
+            The model is trained on a first export of 1,000 images. Then a second export of
+            500 more arrives and training goes on with it. The second export was written by
+            another script, which forgot to divide the pixels by 16: its values are 0..16,
+            not 0..1.
+        '''),
+        code('''
+            from itertools import chain
+
+            first_X, first_y = X_train[:1000], y_train[:1000]
+            second_X, second_y = X_train[1000:] * 16, y_train[1000:]   # the other script: 0..16
+
+
+            def data(second_export):
+                """Four epochs on the first export, then eight on the second."""
+                return chain(batches(first_X, first_y, epochs=4),
+                             batches(second_export, second_y, epochs=8))
+
+
+            switch = 4 * (len(first_X) // 64)
+            print(f"the second export comes in at step {switch}")
+        '''),
+        code('''
+            %%neuraldbg -o run
+            model = mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            for xb, yb in data(second_X):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                opt.step()
+            print(f"last loss {loss.item():.3f}")
+        '''),
+        code('''
+            print(run)
+        '''),
+        md('''
+            The first failure is the data: **the input batch's scale jumped 16x** at the step
+            the second export came in. It is only a warning on its own (a 16x jump is below
+            the `jump_error` factor of 100 that makes it an error), but it starts the chain
+            of errors that follows: the loss diverges the next step, updates and gradients
+            explode, the ReLUs die.
+
+            ## The sliders
+
+            When the run has finished, the panel shows five sliders. Dragging one re-judges
+            the whole recorded run under the new value, in milliseconds, and redraws the map,
+            the events and the first failure:
+
+            | slider | threshold | default | meaning |
+            |---|---|---|---|
+            | vanishing grad < | `vanish` | 1e-6 | a layer's gradient norm below this has vanished |
+            | exploding grad > | `explode` | 1e3 | above this it has exploded |
+            | regime jump x | `jump` | 10 | a change by this factor against the layer's recent history is a regime shift |
+            | dead units >= | `dead` | 0.5 | fraction of a ReLU layer's units that output 0 for the whole batch |
+            | saturated >= | `saturated` | 0.5 | fraction of a sigmoid/tanh layer's outputs stuck at the bounds |
+
+            In code, `run.reclassify(**changes)` does the same and returns a new `Run` over
+            the same recorded trace and captures: nothing is trained again. It also takes the
+            settings without a slider (`jump_error`, `window`, `patience`, `lookback`, ...;
+            see `neuraldbg_nb.Thresholds`). The same options exist on the magic's line,
+            e.g. `%%neuraldbg --jump 5`.
+        '''),
+        code('''
+            import time
+
+
+            def judge(r, label):
+                ff = r.first_failure
+                errors = sum(e.severity == "error" for e in r.events)
+                warnings = sum(e.severity == "warning" for e in r.events)
+                what = f"{ff.kind} at step {ff.step} ({ff.layer or ff.signal})" if ff else "no failure"
+                print(f"{label:<22} {errors:3d} errors {warnings:3d} warnings   first failure: {what}")
+
+
+            judge(run, "defaults")
+            started = time.perf_counter()
+            loose = run.reclassify(jump=100)
+            took = time.perf_counter() - started
+            judge(loose, "jump=100 (loose)")
+            tight = run.reclassify(jump=3)
+            judge(tight, "jump=3 (tight)")
+            strict = run.reclassify(jump_error=10)
+            judge(strict, "jump_error=10")
+            print(f"\\n(re-judging {run.trace.n_steps} steps x {run.trace.n_layers} layers took "
+                  f"{1000 * took:.0f} ms)")
+        '''),
+        md('''
+            - **Too loose (`jump=100`)**: the 16x jump of the input no longer counts, and
+              the first failure becomes the loss divergence one step later: a symptom. A
+              loose threshold does not make a run healthier; it makes the panel blame the
+              wrong thing.
+            - **Too tight (`jump=3`)**: more warnings, ordinary fluctuations among them; the
+              first failure stays the data, because the root-cause order (data first, then
+              layers in forward order, then updates, loss, gradients) does not depend on
+              the count.
+            - **`jump_error=10`**: the 16x jump of the input is an error in itself, so it
+              would be a failure even if nothing broke after it. Useful when any sudden
+              change of scale in your data should stop you.
+
+            ## Why transitions, not absolute values
+
+            Look at what the input did: its largest absolute value went from 1 to 16 in one
+            step.
+        '''),
+        code('''
+            scale = run.trace.scalar("in_absmax")
+            for s in range(switch - 3, switch + 3):
+                print(f"step {s}: largest |input| {scale[s]:5.1f}")
+        '''),
+        md('''
+            An input scale of 16 is nothing unusual in itself: raw digits are 0..16, photos
+            0..255, standardized data a few units. No absolute line on input values could
+            flag this run without flagging half the datasets in the world. What is wrong
+            is the **change**: 1 one step, 16 the next.
+
+            The same holds inside the network. Here is the same training with the second
+            export scaled correctly, the healthy run:
+        '''),
+        code('''
+            %%neuraldbg -o healthy
+            model = mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            for xb, yb in data(second_X / 16):
+                opt.zero_grad()
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                opt.step()
+            print(f"last loss {loss.item():.3f}")
+        '''),
+        code('''
+            healthy_acc = accuracy(model)
+            print(healthy)
+            print(f"test accuracy {healthy_acc:.1%}\\n")
+            g = healthy.trace.col("grad_norm")
+            for name in ("fc1", "fc2", "fc3", "out"):
+                col = g[:, healthy.trace.layer_index(name)]
+                print(f"{name:>4}: gradient norm between {col.min():.3f} and {col.max():.2f} in this healthy run")
+        '''),
+        md('''
+            Healthy gradient norms span two orders of magnitude over one run of this small
+            model, and other models live at 1e-7 or at 100. An absolute line tight enough to
+            see a 16x change in one of them fires on ordinary training of another. Try it:
+            an "exploding" line at 2 fires on the healthy run, while the regime-shift
+            detector, which measures each layer against its own last steps (in log space,
+            over `window` = 20 steps), stays quiet on it and finds the jump in the broken one.
+        '''),
+        code('''
+            judge(healthy, "healthy, defaults")
+            judge(healthy.reclassify(explode=2), "healthy, explode=2")
+        '''),
+        md('''
+            The absolute lines are still there, for what has no history to compare with: a
+            network born with vanishing gradients (lesson 1) is vanishing from step 0.
+            Use the sliders to fit them to a model: move one, and the whole run is judged
+            again under it.
+
+            ## The lesson, checked
+        '''),
+        lesson_ok('''
+            ff = run.first_failure
+            assert ff is not None and ff.kind == "data_anomaly" and ff.signal == "input_scale", ff
+            assert (ff.layer, ff.step) == (None, switch), ff
+            lf = loose.first_failure
+            assert lf is not None and lf.kind == "loss_divergence" and lf.step > switch, lf
+            assert tight.first_failure == ff
+            assert sum(e.severity == "warning" for e in tight.events) > \\
+                sum(e.severity == "warning" for e in run.events)
+            sf = strict.first_failure
+            assert sf is not None and sf.kind == "data_anomaly" and sf.severity == "error", sf
+            assert healthy.first_failure is None, healthy.first_failure
+            assert healthy.reclassify(explode=2).first_failure.kind == "exploding_gradient"
+            assert healthy_acc > 0.9, healthy_acc
+            print(f"LESSON OK: {ff.kind} ({ff.signal}) step {ff.step}; with jump=100 the first "
+                  f"failure becomes a symptom ({lf.kind} step {lf.step}); healthy run quiet")
+        '''),
+    ]
+
+
+# -- 06 -----------------------------------------------------------------------------------
+
+def nb06() -> list[NotebookNode]:
+    return [
+        md('''
+            # 6. End to end: a small CNN, two subtle bugs, found one after the other
+
+            A realistic small project: a convolutional network on the 8x8 digit images, a
+            data pipeline that standardizes each pixel, SGD with a learning-rate warmup. It
+            has two bugs of the kind that survive code review, because each line looks
+            right. We find them the way you would: run, read the first failure, open the
+            captured tensors, form a hypothesis, check it, fix, run again.
+        '''),
+        SETUP,
+        md('''
+            ## The project
+
+            The data pipeline standardizes each pixel with the mean and the standard
+            deviation of that pixel over the training set: the textbook recipe.
+        '''),
+        code('''
+            digits = load_digits()
+            images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1)  # (1797, 1, 8, 8)
+            labels = torch.tensor(digits.target)
+            split = torch.randperm(len(images), generator=torch.Generator().manual_seed(0))
+            train_idx, test_idx = split[:1500], split[1500:]
+
+            pixel_mean = images[train_idx].mean(dim=0)
+            pixel_std = images[train_idx].std(dim=0)
+
+
+            def normalize(x):
+                return (x - pixel_mean) / pixel_std
+
+
+            X_train, y_train = normalize(images[train_idx]), labels[train_idx]
+            X_test, y_test = normalize(images[test_idx]), labels[test_idx]
+
+
+            def batches(X, y, epochs, batch_size=64, seed=0):
+                order = torch.Generator().manual_seed(seed)
+                loader = DataLoader(TensorDataset(X, y), batch_size=batch_size, shuffle=True,
+                                    drop_last=True, generator=order)
+                for _ in range(epochs):
+                    yield from loader
+
+
+            @torch.no_grad()
+            def accuracy(model, X, y):
+                model.eval()
+                acc = (model(X).argmax(1) == y).float().mean().item()
+                model.train()
+                return acc
+        '''),
+        md('''
+            The model: two 3x3 convolutions, a max-pool, two linear layers. The optimizer:
+            SGD with momentum at 0.02, with the learning rate ramped up linearly over the
+            first 10 steps (a warmup, so the first updates of a fresh network stay small).
+        '''),
+        code('''
+            def cnn():
+                torch.manual_seed(0)
+                return nn.Sequential(OrderedDict(
+                    conv1=nn.Conv2d(1, 16, 3, padding=1), relu1=nn.ReLU(),
+                    conv2=nn.Conv2d(16, 32, 3, padding=1), relu2=nn.ReLU(),
+                    pool=nn.MaxPool2d(2), flatten=nn.Flatten(),
+                    fc1=nn.Linear(32 * 4 * 4, 64), relu3=nn.ReLU(),
+                    fc2=nn.Linear(64, 10),
+                ))
+
+
+            WARMUP = 10
+
+
+            def warmup(step):
+                return (step + 1) / WARMUP
+
+
+            def train(model, X, y, schedule, epochs=13):
+                opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+                sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+                for xb, yb in batches(X, y, epochs):
+                    opt.zero_grad()
+                    loss = F.cross_entropy(model(xb), yb)
+                    loss.backward()
+                    opt.step()
+                    sched.step()
+                return loss.item()
+        '''),
+        md('''
+            ## First run
+
+            `--stop-on error`: if something breaks, stop there and keep the evidence.
+        '''),
+        code('''
+            %%neuraldbg --stop-on error -o run1
+            model = cnn()
+            train(model, X_train, y_train, warmup)
+        '''),
+        code('''
+            print(run1)
+        '''),
+        md('''
+            Stopped at step 0. The first failure is the data: **the input batch has
+            non-finite values**, 192 of them, before any layer did anything. The conv layers,
+            the loss and the gradients are NaN too, but they come after.
+
+            **Step 1: look at the batch.** Where are the NaNs? Count them per pixel over
+            the 64 images of the captured batch:
+        '''),
+        code('''
+            cap = run1.inspect(run1.first_failure)
+            batch = cap["batch"]                                 # (64, 1, 8, 8), as the model got it
+            print(torch.isnan(batch).sum(dim=0)[0])
+        '''),
+        md('''
+            Three pixels, NaN in all 64 images: the top-left corner and the two ends of the
+            middle row. Not a broken example, then, but a pattern: something in the
+            pipeline, per pixel.
+
+            **Step 2: hypothesis.** The pipeline divides by each pixel's standard deviation.
+            A pixel that is 0 in every image has a standard deviation of 0, and
+            `(0 - 0) / 0` is NaN. Check it:
+        '''),
+        code('''
+            print("pixels whose standard deviation is 0:", (pixel_std == 0).nonzero()[:, 1:].tolist())
+            print("pixels that are NaN in the batch:   ", torch.isnan(batch[0]).nonzero()[:, 1:].tolist())
+            print("their raw values over all 1797 images:", images[:, 0, 0, 0].unique().tolist(),
+                  images[:, 0, 4, 0].unique().tolist(), images[:, 0, 4, 7].unique().tolist())
+        '''),
+        md('''
+            Confirmed: the digits never touch these three pixels. **Fix 1**: a pixel that
+            never varies carries no information; divide it by 1 instead of 0 (it becomes 0
+            after centring, in every image).
+
+            ## Second run
+        '''),
+        code('''
+            safe_std = torch.where(pixel_std > 0, pixel_std, torch.ones_like(pixel_std))
+
+
+            def normalize(x):
+                return (x - pixel_mean) / safe_std
+
+
+            X_train, X_test = normalize(images[train_idx]), normalize(images[test_idx])
+            print("non-finite values left in the training set:", int((~torch.isfinite(X_train)).sum()))
+        '''),
+        code('''
+            %%neuraldbg -o run2
+            model = cnn()
+            last_loss = train(model, X_train, y_train, warmup)
+            print(f"last loss {last_loss:.3f}")
+        '''),
+        code('''
+            run2_acc = accuracy(model, X_test, y_test)
+            print(run2)
+            print(f"\\ntest accuracy {run2_acc:.1%}")
+        '''),
+        md('''
+            No NaN this time, but the network trained well for a while and then broke: the
+            first failure is **`conv2`: its activations jumped about 20x in one step**, long
+            after the start. After it, the gradients vanish and the ReLUs die: the network
+            ends at chance.
+
+            **Step 1: open the tensors at the first failure**, and compare them with the
+            last healthy capture of the same layer (the panel's inspector shows the same
+            side by side):
+        '''),
+        code('''
+            cap = run2.inspect(run2.first_failure)
+            ref = run2.last_healthy(cap)
+            print(f"conv2, step {ref.step} (healthy) -> step {cap.step} (first failure)")
+            for name in ("input", "output", "weight", "grad"):
+                a, b = ref[name], cap[name]
+                print(f"  {name:>6}: largest |value| {a.abs().max():9.3g} -> {b.abs().max():9.3g}"
+                      f"   norm {a.norm():9.3g} -> {b.norm():9.3g}")
+        '''),
+        md('''
+            The output of `conv2` grew more than its input did: this layer did it, with its
+            weights, which had grown by half in two steps. Its gradient was not unusual. So
+            the steps taken along the gradient must have been: **step 2: how big were the
+            updates?** The trace has every layer's weight norm and output size at every
+            step, and the learning rate:
+        '''),
+        code('''
+            weight_norm = run2.trace.col("param_norm")[:, run2.trace.layer_index("conv2")]
+            lr = run2.trace.scalar("lr")
+            output_size = run2.trace.col("act_absmax")[:, run2.trace.layer_index("conv2")]
+            for s in (0, 9, 30, 60, 90, 120, 124, 126, 128, 129, cap.step):
+                print(f"step {s:3d}: learning rate {lr[s]:.3f}   conv2 weight norm {weight_norm[s]:6.2f}"
+                      f"   largest |output| {output_size[s]:7.1f}")
+        '''),
+        md('''
+            The weights grew slowly for a hundred steps, then faster and faster, each update
+            bigger than the last. And the learning rate was meant to reach 0.02 at step 10
+            and stay there: it **never stopped climbing**. By the first failure it is more than ten times
+            the intended value. `warmup(step) = (step + 1) / WARMUP` has no ceiling.
+
+            **Fix 2**: `min(1.0, (step + 1) / WARMUP)`.
+
+            ## Third run: both fixes
+        '''),
+        code('''
+            def warmup(step):
+                return min(1.0, (step + 1) / WARMUP)
+        '''),
+        code('''
+            %%neuraldbg -o run3
+            model = cnn()
+            last_loss = train(model, X_train, y_train, warmup)
+            print(f"last loss {last_loss:.3f}")
+        '''),
+        code('''
+            run3_acc = accuracy(model, X_test, y_test)
+            print(run3)
+            print(f"\\ntest accuracy {run3_acc:.1%} (second run: {run2_acc:.1%})")
+        '''),
+        md('''
+            Healthy from the first step to the last.
+
+            ## What the debugging took
+
+            Neither bug raised an exception. The first made the loss NaN at step 0, which
+            everyone notices, but the loss alone does not say whether the data, a layer or
+            the optimizer made it. The second looked like a healthy training for over a
+            hundred steps. In both, the first failure said where to look (the data; `conv2`
+            at one step), the captured tensors showed what was wrong there (a per-pixel
+            pattern of NaN; weights grown, gradient normal), and the trace gave the cause
+            (a zero standard deviation; a learning rate still climbing).
+
+            ## The lesson, checked
+        '''),
+        lesson_ok('''
+            f1 = run1.first_failure
+            assert f1 is not None and f1.kind == "data_anomaly" and f1.layer is None, f1
+            assert f1.step == 0 and run1.status == "stopped", f1
+            assert torch.isnan(run1.inspect(f1)["batch"]).any(dim=0)[0].nonzero().tolist() == \\
+                (pixel_std == 0)[0].nonzero().tolist()
+            f2 = run2.first_failure
+            assert f2 is not None and f2.kind == "regime_shift" and f2.signal == "activation", f2
+            assert f2.layer == "conv2" and f2.step > 50, f2
+            assert run2.trace.scalar("lr")[f2.step] > 5 * 0.02
+            assert run2_acc < 0.3, run2_acc
+            assert run3.first_failure is None, run3.first_failure
+            assert run3_acc > 0.9, run3_acc
+            print(f"LESSON OK: {f1.kind} step {f1.step}; then {f2.kind} {f2.layer} step {f2.step}; "
+                  f"fixed run healthy")
+        '''),
+    ]
+
+
 NOTEBOOKS = {
     "01_vanishing_gradients.ipynb": nb01,
     "02_exploding_gradients.ipynb": nb02,
     "03_dead_relus.ipynb": nb03,
+    "04_nan_hunting.ipynb": nb04,
+    "05_thresholds_and_regime_shifts.ipynb": nb05,
+    "06_end_to_end.ipynb": nb06,
 }
 
 

@@ -3,7 +3,9 @@
 This is where a bad learning rate shows first: the step's gradients can be ordinary, but
 the update that follows moves the weights by more than they weigh. Read from the weight
 norm after each update (every step) and the exact update size (sampled steps); the row
-that sees it is the step after the update, hence `step_offset=-1`.
+that sees it is the step after the update, hence `step_offset=-1`. Weights edited in place
+between two updates (a bug, a bad checkpoint merge) show here too, in the step whose
+forward first uses them.
 """
 
 from __future__ import annotations
@@ -40,9 +42,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     first = lo
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
-        text = (f"{name}: weights moved {v:.3g}x their size in the update of step {s}"
-                if np.isfinite(v) else f"{name}: weights became non-finite in the update "
-                                       f"of step {s}")
+        text = (f"{name}: weights changed by {v:.3g}x their size during step {s}"
+                if np.isfinite(v) else f"{name}: weights became non-finite during step {s}")
         row = s + 1 - first
         if 0 <= row < n and lr_at[row] == lr_at[row] and lr_prev[row] == lr_prev[row] \
                 and lr_at[row] != lr_prev[row]:
