@@ -11,8 +11,10 @@ export type Rgb = readonly [number, number, number];
 export interface Palette {
   /** Indexed by CellState: no data, healthy, warning, error. */
   states: readonly [string, string, string, string];
-  /** Markers and the hover / selection outlines: contrasts with every state color. */
+  /** Markers and the hover frame: contrasts with every state color. */
   ink: string;
+  /** The frame around the selected cell (the accent the feed's selection uses). */
+  select: string;
 }
 
 // Healthy is the calm majority, so it is pale (light theme) or dim (dark theme); warnings
@@ -20,11 +22,13 @@ export interface Palette {
 export const LIGHT: Palette = {
   states: ["#ebebeb", "#8fcabc", "#e69f00", "#b3176f"],
   ink: "#1a1a1a",
+  select: "#1976d2",
 };
 
 export const DARK: Palette = {
   states: ["#3a3a3a", "#3b7a6e", "#e6a100", "#f06bb4"],
   ink: "#f2f2f2",
+  select: "#64b5f6",
 };
 
 export const STATE_NAMES = ["no data", "healthy", "warning", "error"] as const;

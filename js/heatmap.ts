@@ -4,13 +4,26 @@
  * (ImageData + putImageData, one uint32 write per cell) and scaled onto the visible canvas
  * with one drawImage; scrolling and hovering only repeat that drawImage. The canvas is as
  * tall as the viewport (rows scroll beneath it), so 1000 layers cost what 30 do.
+ *
+ * When buckets are narrower than MIN_ALERT_WIDTH px, warning and error cells of the visible
+ * rows are drawn again over the image, as runs widened to that width (a one-step failure
+ * in a long run is not a 2 px sliver). Markers are small notches on a row's top edge and
+ * the hover / selection outlines frame a cell from outside, so neither hides its color.
  */
 import { bucketOf, rangeLabel, stepRange } from "./bucketing";
 import { isDarkTheme, paletteFor, stateLut, stateName, type Palette } from "./colors";
 import { formatLog10, truncateLeft } from "./format";
-import type { Selection, Snapshot, TraitName } from "./model";
+import { CellState, type Selection, type Snapshot, type TraitName } from "./model";
 
 export const ROW_HEIGHT = 14;
+/**
+ * Warning and error cells are drawn at least this wide (CSS px) when the buckets are
+ * narrower: a failure at one step of a long run stays visible at a glance.
+ */
+export const MIN_ALERT_WIDTH = 4;
+/** Event markers: a small ink notch on the top edge of the row, above most of the cell. */
+export const MARKER_WIDTH = 6;
+export const MARKER_HEIGHT = 4;
 export const MAX_VIEW_HEIGHT = 30 * ROW_HEIGHT;
 /** Label column width, in characters of the monospace label font. */
 export const MAX_LABEL_CHARS = 32;
@@ -46,6 +59,53 @@ export function fillCells(map: Uint8Array, lut: Uint32Array, out: Uint32Array): 
   if (n < out.length) out.fill(lut[0]!, n);
 }
 
+/**
+ * The horizontal extent [x0, x1) in CSS px of a cell (or run of cells) covering columns
+ * [c0, c1) at `cellW` px each: widened about its center to `minWidth` when narrower, kept
+ * inside [0, width], snapped to whole pixels.
+ */
+export function cellSpan(c0: number, c1: number, cellW: number, width: number, minWidth = MIN_ALERT_WIDTH): [number, number] {
+  let x0 = c0 * cellW;
+  let x1 = c1 * cellW;
+  if (x1 - x0 < minWidth) {
+    const mid = (x0 + x1) / 2;
+    x0 = Math.max(0, Math.min(mid - minWidth / 2, width - minWidth));
+    x1 = x0 + minWidth;
+  }
+  const a = Math.round(x0);
+  return [a, Math.max(a + Math.min(minWidth, width), Math.round(x1))];
+}
+
+/**
+ * Runs of cells in `state` on one row of `map`, as flat [x0, x1, x0, x1, ...] in CSS px,
+ * each run at least `minWidth` wide (see cellSpan). Adjacent cells form one run, so a row
+ * costs at most cols / 2 rectangles.
+ */
+export function stateRuns(
+  map: Uint8Array,
+  row: number,
+  cols: number,
+  state: number,
+  cellW: number,
+  width: number,
+  minWidth = MIN_ALERT_WIDTH,
+): number[] {
+  const out: number[] = [];
+  const base = row * cols;
+  let c = 0;
+  while (c < cols) {
+    if (map[base + c] !== state) {
+      c++;
+      continue;
+    }
+    const start = c;
+    while (c < cols && map[base + c] === state) c++;
+    const [x0, x1] = cellSpan(start, c, cellW, width, minWidth);
+    out.push(x0, x1);
+  }
+  return out;
+}
+
 type Ctx2D = CanvasRenderingContext2D;
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -69,6 +129,7 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
   const cells = el("div", "ndbg-map-cells", body);
   const canvas = el("canvas", "ndbg-map-canvas", cells);
   const axis = el("div", "ndbg-map-axis", root);
+  const track = el("div", "ndbg-map-axis-track", axis);
   const legend = el("div", "ndbg-legend", root);
   const tooltip = el("div", "ndbg-tooltip", root);
   tooltip.hidden = true;
@@ -99,7 +160,8 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     // Labels and axis share the monospace font, so `ch` lines the axis up with the cells.
     const width = `calc(${chars + 1}ch + 11px)`;
     labels.style.width = width;
-    axis.style.paddingLeft = width;
+    // + the scroll box's 1px border; the track's width follows the cells' (draw()).
+    axis.style.paddingLeft = `calc(${width} + 1px)`;
     const frag = document.createDocumentFragment();
     for (const name of layers) {
       const label = el("div", "ndbg-map-label");
@@ -110,20 +172,27 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     labels.replaceChildren(frag);
   }
 
+  /** First and last step at the ends, the middle step over its own column. */
   function renderAxis(s: Snapshot): void {
     const [start, stop] = s.mapSteps;
     if (s.mapCols <= 0 || stop <= start) {
-      axis.replaceChildren();
+      track.replaceChildren();
       return;
     }
-    const ticks = [start, Math.floor((start + stop - 1) / 2), stop - 1];
-    axis.replaceChildren(
-      ...ticks.map((t, i) => {
-        const span = el("span", "ndbg-map-tick");
-        span.textContent = i === 0 ? `step ${t}` : String(t);
-        return span;
-      }),
-    );
+    const tick = (cls: string, text: string): HTMLElement => {
+      const span = el("span", `ndbg-map-tick ${cls}`);
+      span.textContent = text;
+      return span;
+    };
+    const ticks = [tick("ndbg-map-tick-first", `step ${start}`)];
+    const mid = start + Math.floor((stop - start) / 2);
+    if (mid > start && mid < stop - 1) {
+      const t = tick("ndbg-map-tick-mid", String(mid));
+      t.style.left = `${((mid - start + 0.5) / (stop - start)) * 100}%`;
+      ticks.push(t);
+    }
+    if (stop - 1 > start) ticks.push(tick("ndbg-map-tick-last", String(stop - 1)));
+    track.replaceChildren(...ticks);
   }
 
   function renderLegend(p: Palette): void {
@@ -172,19 +241,19 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     ictx.putImageData(image, 0, 0);
   }
 
-  function triangle(ctx: Ctx2D, x: number, y: number, size: number): void {
-    ctx.beginPath();
-    ctx.moveTo(x - size / 2, y);
-    ctx.lineTo(x + size / 2, y);
-    ctx.lineTo(x, y + size * 0.8);
-    ctx.closePath();
-    ctx.fill();
-  }
-
-  function outline(ctx: Ctx2D, cell: Cell, firstY: number, cellW: number, width: number): void {
-    const y = firstY + cell.row * ROW_HEIGHT;
-    ctx.lineWidth = width;
-    ctx.strokeRect(cell.col * cellW + width / 2, y + width / 2, Math.max(cellW - width, 1), ROW_HEIGHT - width);
+  /** A `line` px frame 1px outside the cell's drawn extent (cellSpan): it never covers the cell. */
+  function frame(ctx: Ctx2D, cell: Cell, firstY: number, cellW: number, width: number, height: number, line: number): void {
+    const [x0, x1] = cellSpan(cell.col, cell.col + 1, cellW, width);
+    const y0 = firstY + cell.row * ROW_HEIGHT + 1; // below the 1px row gap
+    const y1 = firstY + (cell.row + 1) * ROW_HEIGHT;
+    const out = line / 2 + 1; // path offset: the line's inner edge 1px off the cell
+    const left = Math.max(line / 2, x0 - out);
+    const right = Math.min(width - line / 2, x1 + out);
+    const top = Math.max(line / 2, y0 - out);
+    const bottom = Math.min(height - line / 2, y1 + out);
+    if (y1 <= 0 || y0 >= height) return; // scrolled out of view
+    ctx.lineWidth = line;
+    ctx.strokeRect(left, top, right - left, bottom - top);
   }
 
   function selectedCell(sel: Selection | null, s: Snapshot): Cell | null {
@@ -200,6 +269,8 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     if (cellsDirty) rebuildCells();
     const width = measure();
     const height = viewHeight();
+    const trackWidth = `${width}px`;
+    if (track.style.width !== trackWidth) track.style.width = trackWidth;
     const dpr = window.devicePixelRatio || 1;
     canvas.style.height = `${height}px`;
     const pw = Math.max(1, Math.round(width * dpr));
@@ -221,25 +292,52 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
       const cellW = c > 0 ? width / c : 0;
       if (imageCanvas && image && visible > 0) {
         ctx.drawImage(imageCanvas, 0, first, c, visible, 0, firstY + first * ROW_HEIGHT, width, visible * ROW_HEIGHT);
-        // 1px gaps between rows keep them apart when many are alike.
-        for (let row = first + 1; row < first + visible; row++) {
+        // Buckets narrower than MIN_ALERT_WIDTH: warnings, then errors on top, drawn wider.
+        if (cellW < MIN_ALERT_WIDTH) {
+          for (const state of [CellState.Warning, CellState.Error]) {
+            ctx.fillStyle = palette.states[state];
+            for (let row = first; row < first + visible; row++) {
+              const runs = stateRuns(snap.map, row, c, state, cellW, width);
+              const y = firstY + row * ROW_HEIGHT;
+              for (let k = 0; k < runs.length; k += 2) ctx.fillRect(runs[k]!, y, runs[k + 1]! - runs[k]!, ROW_HEIGHT);
+            }
+          }
+        }
+        // 1px gaps above each row keep them apart when many are alike.
+        for (let row = first; row < first + visible; row++) {
           ctx.clearRect(0, firstY + row * ROW_HEIGHT, width, 1);
         }
       }
-      // Markers in ink (dark on light, light on dark) stand out on every state color; the
-      // cell color and the tooltip carry the severity.
+      // Markers: small ink notches on the row's top edge, all in one path. They leave most
+      // of the cell (and its state color) visible; the tooltip names the events.
       const [start, stop] = snap.mapSteps;
       ctx.fillStyle = palette.ink;
-      const size = Math.max(7, Math.min(10, cellW));
+      ctx.beginPath();
+      let marks = 0;
       for (const m of snap.markers) {
         if (m.row < first || m.row >= first + visible) continue;
         const col = bucketOf(m.step, start, stop, c);
-        if (col >= 0) triangle(ctx, (col + 0.5) * cellW, firstY + m.row * ROW_HEIGHT + 1, size);
+        if (col < 0) continue;
+        const [x0, x1] = cellSpan(col, col + 1, cellW, width);
+        const x = (x0 + x1) / 2;
+        const y = firstY + m.row * ROW_HEIGHT + 1; // below the row gap
+        ctx.moveTo(x - MARKER_WIDTH / 2, y);
+        ctx.lineTo(x + MARKER_WIDTH / 2, y);
+        ctx.lineTo(x, y + MARKER_HEIGHT);
+        ctx.closePath();
+        marks++;
       }
-      ctx.strokeStyle = palette.ink;
+      if (marks > 0) ctx.fill();
+      // Hover, then selection: frames outside the cell, never over it.
+      if (hover && hover.row < r && hover.col < c) {
+        ctx.strokeStyle = palette.ink;
+        frame(ctx, hover, firstY, cellW, width, height, 1);
+      }
       const sel = selectedCell(snap.selected, snap);
-      if (sel) outline(ctx, sel, firstY, cellW, 2);
-      if (hover && hover.row < r && hover.col < c) outline(ctx, hover, firstY, cellW, 1);
+      if (sel) {
+        ctx.strokeStyle = palette.select;
+        frame(ctx, sel, firstY, cellW, width, height, 2);
+      }
     }
     return performance.now() - t0;
   }
@@ -299,7 +397,11 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     if (!same) tooltip.replaceChildren(...tooltipText(cell, snap));
     tooltip.hidden = false;
     const rootRect = root.getBoundingClientRect();
-    tooltip.style.left = `${e.clientX - rootRect.left + 14}px`;
+    const px = e.clientX - rootRect.left;
+    const tw = tooltip.offsetWidth;
+    // Left of the pointer when it would run past the panel's right edge (and be cut off).
+    const flip = px + 14 + tw > root.clientWidth && px - 14 - tw >= 0;
+    tooltip.style.left = `${flip ? px - 14 - tw : px + 14}px`;
     tooltip.style.top = `${e.clientY - rootRect.top + 14}px`;
   }
 

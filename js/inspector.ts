@@ -52,6 +52,9 @@ export function createInspector(parent: HTMLElement, options: InspectorOptions):
   function refresh(): void {
     root.hidden = !open || (!waiting && html === "");
     root.classList.toggle("ndbg-waiting", waiting);
+    // Nothing to show yet (the first click): the bar alone says it is waiting.
+    body.hidden = html === "";
+    root.classList.toggle("ndbg-inspector-empty", html === "");
     status.textContent = waiting ? "waiting for the kernel\u2026" : "";
   }
 

@@ -22,8 +22,8 @@ BINS = 40
 def _series(run: Run, column: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of one layer's column, finite values only, bucketed to the max so
     a long run stays a small chart."""
-    v = run.trace.col(column)[:, layer].astype(np.float64)
-    steps = np.arange(len(v))
+    steps, values = run.trace.history(column)
+    v = values[:, layer].astype(np.float64)
     keep = np.isfinite(v) & (v > 0) if column in ("grad_norm", "act_absmax") else np.isfinite(v)
     steps, v = steps[keep], v[keep]
     if len(v) > SERIES_POINTS:
@@ -128,10 +128,12 @@ def numbers(run: Run, layer: int, step: int) -> dict[str, tuple[float, int]]:
 
     out = {}
     for c in LAYER_COLUMNS:
-        col = run.trace.col(c)[: step + 1, layer]
+        steps, values = run.trace.history(c)
+        upto = np.searchsorted(steps, step, side="right")
+        col = values[:upto, layer]
         seen = np.flatnonzero(~np.isnan(col))
         if len(seen):
-            out[c] = (float(col[seen[-1]]), int(seen[-1]))
+            out[c] = (float(col[seen[-1]]), int(steps[seen[-1]]))
     return out
 
 

@@ -90,11 +90,16 @@ class Run:
     def reclassify(self, thresholds: Thresholds | None = None, **changes: Any) -> Run:
         """The same recorded run judged under other thresholds, without training again.
 
-        Gives exactly the events a live run with those thresholds would have given.
+        Gives exactly the events a live run with those thresholds would have given. On a
+        very long run whose oldest steps were compacted (`trace.full_from > 0`), those steps
+        keep the events found live and only the exact tail is judged again.
         `run.reclassify(vanish=1e-5)` changes one setting of the current thresholds.
         """
         th = (thresholds or self.thresholds).with_(**changes)
-        other = Run(self.trace, th, self.captures)
+        start = self.trace.full_from  # compacted steps keep the events found live
+        kept = [e for e in self.events if e.step < start]
+        other = Run(self.trace, th, self.captures, Detection(th, start, kept))
+        other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
         other.selected = self.selected
         return other

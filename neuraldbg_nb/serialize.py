@@ -52,44 +52,55 @@ def state_map(run: Run, cols: int) -> np.ndarray:
 def first_measured(run: Run) -> np.ndarray:
     """Step at which each layer was first measured (n_steps if never)."""
     t = run.trace
-    if t.n_steps == 0:
+    steps, act = t.history("act_absmax")
+    _, grad = t.history("grad_norm")
+    if len(steps) == 0:
         return np.zeros(t.n_layers, np.int64)
-    seen = ~np.isnan(t.col("act_absmax")) | ~np.isnan(t.col("grad_norm"))
-    any_seen = seen.any(0)
-    return np.where(any_seen, seen.argmax(0), t.n_steps)
+    seen = ~np.isnan(act) | ~np.isnan(grad)
+    return np.where(seen.any(0), steps[seen.argmax(0)], t.n_steps)
 
 
-def bucket_max_log(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """(layers, cols) float32: log10 of the largest finite value per bucket (NaN if none);
-    +inf where the bucket holds a non-finite value."""
+def _bucket_rows(steps: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each bucket, whether the bucket has rows) for rows sorted by step."""
+    first = np.searchsorted(steps, edges[:-1])
+    has = first < np.searchsorted(steps, edges[1:])
+    return np.minimum(first, max(len(steps) - 1, 0)), has
+
+
+def bucket_max_log(run: Run, column: str, edges: np.ndarray) -> np.ndarray:
+    """(layers, cols) float32: log10 of the largest finite value per bucket of steps (NaN
+    if none); +inf where the bucket holds a non-finite value."""
+    steps, values = run.trace.history(column)
     cols = len(edges) - 1
-    if values.shape[0] == 0 or cols == 0:
-        return np.full((values.shape[1], cols), np.nan, np.float32)
+    if len(steps) == 0 or cols == 0:
+        return np.full((run.trace.n_layers, cols), np.nan, np.float32)
+    first, has = _bucket_rows(steps, edges)
     v = values.astype(np.float64)
     inf = np.isinf(v)
     v = np.where(np.isnan(v) | inf, -np.inf, v)
-    peak = np.maximum.reduceat(v, edges[:-1], axis=0)
-    blown = np.logical_or.reduceat(inf, edges[:-1], axis=0)
+    peak = np.maximum.reduceat(v, first, axis=0)
+    blown = np.logical_or.reduceat(inf, first, axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(peak > 0, np.log10(np.maximum(peak, 1e-300)), np.nan)
     out[blown] = np.inf
+    out[~has] = np.nan
     return out.T.astype(np.float32)
 
 
 def loss_curve(run: Run, points: int = LOSS_POINTS) -> bytes:
-    """Loss sparkline: mean per bucket, NaN where missing or non-finite."""
-    loss = run.trace.scalar("loss")
-    if len(loss) == 0:
+    """Loss sparkline: mean per bucket of steps, NaN where missing or non-finite."""
+    steps, loss = run.trace.history("loss")
+    n = run.trace.n_steps
+    if n == 0:
         return b""
-    cols = min(points, len(loss))
-    edges = bucket_edges(len(loss), cols)
+    edges = bucket_edges(n, min(points, n))
+    first, has = _bucket_rows(steps, edges)
     bad = ~np.isfinite(loss)
-    clean = np.where(bad, 0.0, loss)
-    sums = np.add.reduceat(clean, edges[:-1])
-    counts = np.add.reduceat((~bad).astype(np.float64), edges[:-1])
-    anybad = np.logical_or.reduceat(bad & ~np.isnan(loss), edges[:-1])
+    sums = np.add.reduceat(np.where(bad, 0.0, loss), first)
+    counts = np.add.reduceat((~bad).astype(np.float64), first)
+    anybad = np.logical_or.reduceat(bad & ~np.isnan(loss), first)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where((counts > 0) & ~anybad, sums / counts, np.nan)
+        out = np.where(has & (counts > 0) & ~anybad, sums / counts, np.nan)
     return out.astype("<f4").tobytes()
 
 
@@ -151,6 +162,6 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     }
     if with_values:
         edges = bucket_edges(t.n_steps, cols)
-        state["map_values"] = bucket_max_log(t.col("grad_norm"), edges).astype("<f4").tobytes()
-        state["map_act"] = bucket_max_log(t.col("act_absmax"), edges).astype("<f4").tobytes()
+        state["map_values"] = bucket_max_log(run, "grad_norm", edges).astype("<f4").tobytes()
+        state["map_act"] = bucket_max_log(run, "act_absmax", edges).astype("<f4").tobytes()
     return state

@@ -1,7 +1,11 @@
 """The run's record: steps x layers numeric columns, appended once per step.
 
 The trace is what detection reads, what is saved and loaded, and what the panel draws.
-It holds numbers only (numpy), a few bytes per layer-step, and knows nothing of hooks.
+It holds numbers only (numpy) and knows nothing of hooks. Memory is bounded: the recent
+steps are kept exactly (the *tail*, which detection reads); older steps can be compacted
+into a *history* of blocks (the worst value of each block: maxima, the mean loss), which
+views draw. Events found on the exact numbers are kept by detection, so compaction never
+loses one; it only coarsens the healthy history behind them.
 """
 
 from __future__ import annotations
@@ -50,15 +54,28 @@ class LayerInfo:
 
 
 class Trace:
-    """Growable columnar store. Appending is O(layers); memory ~40 bytes per layer-step."""
+    """Columnar store: an exact tail of recent steps and a compacted history before it.
+
+    Step coordinates everywhere: `col(name, start, stop)` reads exact steps of the tail
+    (`full_from` onwards); `history(name)` reads every recorded step, compacted blocks
+    included, for views.
+    """
+
+    MAX_HISTORY = 4096
+    """History rows at most; past it, adjacent blocks merge (each then covers twice the
+    steps), so any run length fits in a fixed number of rows."""
 
     def __init__(self) -> None:
         self.layers: list[LayerInfo] = []
         self._index: dict[str, int] = {}
         self._cap = 64
-        self._n = 0
+        self._rows = 0
+        self._off = 0
         self._layer_cols = {c: self._blank(self._cap, 0) for c in LAYER_COLUMNS}
         self._step_cols = {c: np.full(self._cap, np.nan, np.float64) for c in STEP_COLUMNS}
+        self._h_steps = np.zeros(0, np.int64)
+        self._h_layer = {c: self._blank(0, 0) for c in LAYER_COLUMNS}
+        self._h_step = {c: np.zeros(0) for c in STEP_COLUMNS}
 
     @staticmethod
     def _blank(steps: int, layers: int) -> np.ndarray:
@@ -75,10 +92,11 @@ class Trace:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.layers.append(LayerInfo(name, type_, role, has_params))
         self._index[name] = len(self.layers) - 1
-        for c, a in self._layer_cols.items():
-            grown = self._blank(self._cap, len(self.layers))
-            grown[:, : a.shape[1]] = a
-            self._layer_cols[c] = grown
+        for cols in (self._layer_cols, self._h_layer):
+            for c, a in cols.items():
+                grown = self._blank(a.shape[0], len(self.layers))
+                grown[:, : a.shape[1]] = a
+                cols[c] = grown
         return self._index[name]
 
     def layer_index(self, name: str) -> int:
@@ -94,27 +112,34 @@ class Trace:
 
     @property
     def n_steps(self) -> int:
-        return self._n
+        """Steps recorded in all (compacted ones included)."""
+        return self._off + self._rows
+
+    @property
+    def full_from(self) -> int:
+        """First step still held exactly (0 unless the trace was compacted)."""
+        return self._off
 
     # -- rows -----------------------------------------------------------------------
     def append(self, layer_values: dict[str, np.ndarray], scalars: dict[str, float]) -> int:
         """Add one step; columns not given stay NaN. Returns the step index."""
-        if self._n == self._cap:
+        if self._rows == self._cap:
             self._grow()
-        s = self._n
+        r = self._rows
         for c, v in layer_values.items():
-            self._layer_cols[c][s, : len(v)] = v
+            self._layer_cols[c][r, : len(v)] = v
         for c, v in scalars.items():
-            self._step_cols[c][s] = v
-        self._n += 1
-        return s
+            self._step_cols[c][r] = v
+        self._rows += 1
+        return self._off + r
 
     def set_layer_values(self, column: str, step: int, values: np.ndarray) -> None:
         """Fill a column of an already recorded step (values known one step late, such as
         the update ratio of a step's optimizer update). NaN entries are left alone."""
-        if not 0 <= step < self._n:
-            raise IndexError(f"step {step} not recorded (have {self._n})")
-        row = self._layer_cols[column][step]
+        if not self._off <= step < self.n_steps:
+            raise IndexError(f"step {step} is not in the exact tail "
+                             f"[{self._off}, {self.n_steps})")
+        row = self._layer_cols[column][step - self._off]
         keep = ~np.isnan(values)
         row[: len(values)][keep] = values[keep]
 
@@ -122,59 +147,140 @@ class Trace:
         self._cap *= 2
         for c, a in self._layer_cols.items():
             grown = self._blank(self._cap, a.shape[1])
-            grown[: self._n] = a[: self._n]
+            grown[: self._rows] = a[: self._rows]
             self._layer_cols[c] = grown
         for c, a in self._step_cols.items():
             g = np.full(self._cap, np.nan, np.float64)
-            g[: self._n] = a[: self._n]
+            g[: self._rows] = a[: self._rows]
             self._step_cols[c] = g
 
+    # -- compaction -----------------------------------------------------------------
+    def compact(self, upto: int, block: int | None = None) -> None:
+        """Move the exact steps before `upto` into the history, `block` steps a row
+        (default: the history's current block size). Steps in the history can no longer
+        be re-classified; their events stay with the detection that found them."""
+        upto = min(upto, self.n_steps)
+        m = upto - self._off
+        if m <= 0:
+            return
+        block = block or self.block
+        starts = np.arange(0, m, block)
+        h_layer = {c: np.fmax.reduceat(a[:m], starts, axis=0) for c, a in self._layer_cols.items()}
+        h_step = {c: np.fmax.reduceat(a[:m], starts) for c, a in self._step_cols.items()}
+        loss = self._step_cols["loss"][:m]
+        ok = np.isfinite(loss)
+        sums = np.add.reduceat(np.where(ok, loss, 0.0), starts)
+        counts = np.add.reduceat(ok.astype(np.float64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            h_step["loss"] = np.where(counts > 0, sums / counts, h_step["loss"])
+        self._h_steps = np.concatenate([self._h_steps, self._off + starts])
+        for c in LAYER_COLUMNS:
+            self._h_layer[c] = np.concatenate([self._h_layer[c], h_layer[c]])
+        for c in STEP_COLUMNS:
+            self._h_step[c] = np.concatenate([self._h_step[c], h_step[c]])
+        for cols in (self._layer_cols, self._step_cols):
+            for a in cols.values():
+                a[: self._rows - m] = a[m : self._rows]
+                a[self._rows - m : self._rows] = np.nan
+        self._rows -= m
+        self._off = upto
+        while len(self._h_steps) > self.MAX_HISTORY:
+            self._merge_history()
+
+    @property
+    def block(self) -> int:
+        """Steps per history row (8 until the history fills, then doubling)."""
+        if len(self._h_steps) < 2:
+            return 8
+        return int(np.max(np.diff(self._h_steps)))
+
+    def _merge_history(self) -> None:
+        pairs = np.arange(0, len(self._h_steps), 2)
+        self._h_steps = self._h_steps[pairs]
+        for c, a in self._h_layer.items():
+            self._h_layer[c] = np.fmax.reduceat(a, pairs, axis=0)
+        for c, a in self._h_step.items():
+            self._h_step[c] = np.fmax.reduceat(a, pairs)
+
     # -- reading --------------------------------------------------------------------
-    def col(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """A (steps x layers) view of a per-layer column."""
+    def _span(self, start: int | None, stop: int | None) -> slice:
+        start = self._off if start is None else start
+        stop = self.n_steps if stop is None else stop
+        if start < self._off:
+            raise ValueError(f"steps before {self._off} were compacted into the history; "
+                             f"read them with trace.history(name)")
+        return slice(start - self._off, stop - self._off)
+
+    def col(self, name: str, start: int | None = None, stop: int | None = None) -> np.ndarray:
+        """A (steps x layers) view of a per-layer column, exact steps [start, stop) of the
+        tail (default: all of it)."""
         if name not in self._layer_cols:
             raise KeyError(f"no layer column {name!r}; columns: {', '.join(LAYER_COLUMNS)}")
-        return self._layer_cols[name][start : self._n if stop is None else stop]
+        return self._layer_cols[name][self._span(start, stop)]
 
-    def scalar(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """A (steps,) view of a per-step column."""
+    def scalar(self, name: str, start: int | None = None, stop: int | None = None) -> np.ndarray:
+        """A (steps,) view of a per-step column of the tail."""
         if name not in self._step_cols:
             raise KeyError(f"no step column {name!r}; columns: {', '.join(STEP_COLUMNS)}")
-        return self._step_cols[name][start : self._n if stop is None else stop]
+        return self._step_cols[name][self._span(start, stop)]
+
+    def history(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(first step of each row, values) over the whole run: the compacted blocks, then
+        the exact tail. Rows are sorted by step; views bucket them by step."""
+        steps = np.concatenate([self._h_steps, np.arange(self._off, self.n_steps)])
+        if name in self._layer_cols:
+            return steps, np.concatenate([self._h_layer[name], self.col(name)])
+        if name in self._step_cols:
+            return steps, np.concatenate([self._h_step[name], self.scalar(name)])
+        raise KeyError(f"no column {name!r}")
 
     @property
     def roles(self) -> np.ndarray:
         return np.array([info.role for info in self.layers], dtype=object)
 
     @property
+    def row_nbytes(self) -> int:
+        """Bytes of one step (one row) of the trace."""
+        per_row = sum(a.itemsize * a.shape[1] for a in self._layer_cols.values())
+        return per_row + sum(a.itemsize for a in self._step_cols.values())
+
+    @property
+    def tail_nbytes(self) -> int:
+        """Bytes of the exact tail's recorded steps."""
+        return self.row_nbytes * self._rows
+
+    @property
     def nbytes(self) -> int:
-        """Bytes used by the recorded steps (not the spare capacity)."""
-        per_step = sum(a.itemsize * a.shape[1] for a in self._layer_cols.values())
-        per_step += sum(a.itemsize for a in self._step_cols.values())
-        return per_step * self._n
+        """Bytes held for the recorded steps (tail and history; not spare capacity)."""
+        return self.row_nbytes * (self._rows + len(self._h_steps)) + self._h_steps.nbytes
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Long format: one row per (step, layer), with the step's scalars repeated."""
+        """Long format: one row per (step, layer) with the step's scalars repeated;
+        compacted history rows carry the first step of their block."""
         import pandas as pd
 
-        steps = np.repeat(np.arange(self._n), self.n_layers)
+        steps, _ = self.history("loss")
+        n = len(steps)
         data: dict[str, Any] = {
-            "step": steps,
-            "layer": np.tile(np.array(self.layer_names, dtype=object), self._n),
+            "step": np.repeat(steps, self.n_layers),
+            "layer": np.tile(np.array(self.layer_names, dtype=object), n),
         }
         for c in LAYER_COLUMNS:
-            data[c] = self.col(c).reshape(-1)
+            data[c] = self.history(c)[1].reshape(-1)
         for c in STEP_COLUMNS:
-            data[c] = np.repeat(self.scalar(c), self.n_layers)
+            data[c] = np.repeat(self.history(c)[1], self.n_layers)
         return pd.DataFrame(data)
 
     # -- files ----------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         arrays = {f"layer__{c}": self.col(c) for c in LAYER_COLUMNS}
         arrays.update({f"step__{c}": self.scalar(c) for c in STEP_COLUMNS})
+        arrays.update({f"hlayer__{c}": a for c, a in self._h_layer.items()})
+        arrays.update({f"hstep__{c}": a for c, a in self._h_step.items()})
         meta = np.array([[i.name, i.type, i.role, str(int(i.has_params))] for i in self.layers],
                         dtype=str).reshape(-1, 4)
-        np.savez_compressed(path, layers=meta, **arrays)
+        np.savez_compressed(path, layers=meta, h_steps=self._h_steps,
+                            offset=np.array([self._off]), **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
@@ -189,5 +295,10 @@ class Trace:
                 t._layer_cols[c][:n] = z[f"layer__{c}"]
             for c in STEP_COLUMNS:
                 t._step_cols[c][:n] = z[f"step__{c}"]
-            t._n = n
+            t._rows = n
+            if "h_steps" in z:
+                t._off = int(z["offset"][0])
+                t._h_steps = z["h_steps"]
+                t._h_layer = {c: z[f"hlayer__{c}"] for c in LAYER_COLUMNS}
+                t._h_step = {c: z[f"hstep__{c}"] for c in STEP_COLUMNS}
         return t

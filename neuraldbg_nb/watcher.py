@@ -57,7 +57,8 @@ class Watch:
     def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
                  stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
                  overhead: float | None = 0.02, activations: bool = True,
-                 report: bool | None = None, **threshold_changes: Any) -> None:
+                 trace_mb: float = 64, report: bool | None = None,
+                 **threshold_changes: Any) -> None:
         if stop_on not in ("error", "never"):
             raise ValueError(f"stop_on must be 'error' or 'never', got {stop_on!r}")
         if sample_every < 1:
@@ -65,6 +66,9 @@ class Watch:
         if overhead is not None and not 0 < overhead < 1:
             raise ValueError(f"overhead is a fraction of the step time in (0, 1), e.g. 0.02; "
                              f"got {overhead!r} (None turns the budget off)")
+        if trace_mb <= 0:
+            raise ValueError(f"trace_mb must be > 0, got {trace_mb}")
+        self.trace_bytes = int(trace_mb * 2**20)
         if capture_mb < 0:
             raise ValueError(f"capture_mb must be >= 0, got {capture_mb}")
         th = (thresholds or Thresholds()).with_(**threshold_changes)
@@ -129,9 +133,21 @@ class Watch:
         new = run.detection.emitted[self._seen:]
         self._seen = len(run.detection.emitted)
         self._capture(record, new)
+        self._bound_trace()
         run._notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
             raise TrainingFailure(run)
+
+    def _bound_trace(self) -> None:
+        """Keep the exact tail within `trace_mb`: when it is full, its older half moves
+        into the compacted history, once detection has read it."""
+        t = self.run.trace
+        if t.tail_nbytes <= self.trace_bytes:
+            return
+        self.run.detection.advance(t)
+        keep = self.trace_bytes // 2 // t.row_nbytes
+        lookback = self.run.thresholds.window + 2
+        t.compact(min(t.n_steps - keep, self.run.detection.steps_done - lookback))
 
     def _capture(self, record: StepRecord, new: list) -> None:
         store = self.run.captures
@@ -199,7 +215,7 @@ def _in_notebook() -> bool:
 
 def watch(model: Any = None, *, thresholds: Thresholds | None = None,
           stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-          overhead: float | None = 0.02, activations: bool = True,
+          overhead: float | None = 0.02, activations: bool = True, trace_mb: float = 64,
           report: bool | None = None, **threshold_changes: Any) -> Watch:
     """Watch a training loop: `with watch(model) as run: ...`.
 
@@ -216,8 +232,11 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
         they cost more, they are sampled less often (None: exactly every `sample_every`).
     activations: False watches gradients, weights, the loss and the input only (the
         cheapest mode: no forward hooks do any work).
+    trace_mb: memory for the exact recent steps of the trace; older steps are compacted
+        into blocks (events found on them are kept exactly), so a run of any length
+        stays within about trace_mb plus 4096 history rows.
     report: print the text summary at exit (default: outside notebooks).
     """
     return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,
                  sample_every=sample_every, overhead=overhead, activations=activations,
-                 report=report, **threshold_changes)
+                 trace_mb=trace_mb, report=report, **threshold_changes)

@@ -170,8 +170,10 @@ def nb01() -> list[NotebookNode]:
             ## What the panel shows, and why
 
             The first failure is a **vanishing gradient in `fc5` from step 0**, and the
-            same in `fc4`, `fc3`, `fc2` and `fc1`, listed after it. In the map those five rows
-            are red from the first column to the last. Accuracy is chance (about 10%).
+            same in `fc4`, `fc3`, `fc2` and `fc1`, listed after it. In the map the rows of
+            `fc1` to `fc4` are red from the first column to the last (`fc5`, right on the
+            line, comes back above it for a while and falls under again). Accuracy is
+            chance (about 10%).
 
             Why `fc5`, and not `fc1` whose gradient is the smallest? Gradients are computed
             backwards, from the loss to the input. At every layer on the way down the signal
@@ -245,7 +247,8 @@ def nb01() -> list[NotebookNode]:
             the way down; He initialization brings it to the scale of the output layer's.
             LayerNorm changes little at step 0: its job is to keep it that way while the
             weights move. (Try `deep_net(nn.ReLU, he_init=True)` under the panel: with this
-            learning rate it is the layer outputs that drift.)
+            learning rate most of its ReLUs die within a few dozen steps, the panel warns
+            of dead units in nearly every layer, and the network learns nothing.)
 
             ## The same training, healthy
         '''),
@@ -371,8 +374,8 @@ def nb02() -> list[NotebookNode]:
             the same happens to every layer; then the loss jumps by 40x and the ReLUs start
             to die; then the gradients explode (norms of 10^4, a hundred thousand times what
             they were at the start); then the loss and the gradients become NaN, and the
-            gradients of the dead layers vanish. "Exploding gradients" is in the list, loud, but it is the
-            fourth thing that went wrong, not the first.
+            gradients of the dead layers vanish. "Exploding gradients" is in the list, loud,
+            but it came six steps after the first failure.
 
             Three rules tell cause from symptoms, and the panel applies them for you:
 
@@ -385,10 +388,11 @@ def nb02() -> list[NotebookNode]:
             3. **Transitions, not levels.** Each layer is judged against its own recent
                history, so "jumped 15x at step 5" is found in a layer whatever its scale.
 
-            The numbers behind the first failure, from the trace. At step 5 the gradients are
-            ordinary in size (a few units); the weights, though, grow by several times
-            their size from one step to the next. The update `lr x gradient` is what is too
-            big: the learning rate is the cause.
+            The numbers behind the first failure, from the trace. At step 5 the gradients
+            are a few units: larger than before, nowhere near exploding. The weights, though,
+            grow by several times their size in one update (the output layer's norm goes
+            from 2.9 to 8.5). The update, `lr x gradient`, is what is too big: the learning
+            rate is the cause.
         '''),
         code('''
             names = run.trace.layer_names
@@ -396,7 +400,8 @@ def nb02() -> list[NotebookNode]:
             grad = run.trace.col("grad_norm")[:, cols]
             weight = run.trace.col("param_norm")[:, cols]
             loss_col = run.trace.scalar("loss")
-            print("step   loss       gradient norm (fc1 fc2 fc3 out)      weight norm (fc1 fc2 fc3 out)")
+            print("step   loss       gradient norm (fc1 fc2 fc3 out)      "
+                  "weight norm after the update (fc1 fc2 fc3 out)")
             for s in range(3, 13):
                 g = " ".join(f"{v:8.2g}" for v in grad[s])
                 w = " ".join(f"{v:7.3g}" for v in weight[s])
@@ -1047,7 +1052,8 @@ def nb05() -> list[NotebookNode]:
             assert (ff.layer, ff.step) == (None, switch), ff
             lf = loose.first_failure
             assert lf is not None and lf.kind == "loss_divergence" and lf.step > switch, lf
-            assert tight.first_failure == ff
+            same = lambda e: (e.kind, e.signal, e.layer, e.step)  # noqa: E731
+            assert same(tight.first_failure) == same(ff)
             assert sum(e.severity == "warning" for e in tight.events) > \\
                 sum(e.severity == "warning" for e in run.events)
             sf = strict.first_failure
@@ -1251,8 +1257,8 @@ def nb06() -> list[NotebookNode]:
             lr = run2.trace.scalar("lr")
             output_size = run2.trace.col("act_absmax")[:, run2.trace.layer_index("conv2")]
             for s in (0, 9, 30, 60, 90, 120, 124, 126, 128, 129, cap.step):
-                print(f"step {s:3d}: learning rate {lr[s]:.3f}   conv2 weight norm {weight_norm[s]:6.2f}"
-                      f"   largest |output| {output_size[s]:7.1f}")
+                print(f"step {s:3d}: learning rate {lr[s]:.3f}   largest |output| {output_size[s]:7.1f}"
+                      f"   weight norm after the update {weight_norm[s]:6.2f}")
         '''),
         md('''
             The weights grew slowly for a hundred steps, then faster and faster, each update

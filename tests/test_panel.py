@@ -147,3 +147,32 @@ def test_inspector_offers_the_nearest_capture() -> None:
 def test_map_shape_is_bounded(layers: int) -> None:
     cols = serialize.map_shape(100_000, layers)
     assert 1 <= cols <= serialize.MAX_COLS and cols * layers <= max(serialize.MAX_CELLS, 8 * layers)
+
+
+def test_long_run_is_compacted_within_its_budget_and_keeps_its_events() -> None:
+    """A run far longer than the trace budget: memory stays bounded, the fault's event is
+    still exact, and the panel still draws the whole run."""
+    from neuraldbg_nb.watcher import Watch
+
+    w = Watch(None, report=False, trace_mb=1)
+    t = w.run.trace
+    for j in range(20):
+        t.add_layer(f"l{j}", "Linear", "other", True)
+    rng = np.random.default_rng(0)
+    steps, fault = 30_000, 20_000
+    for s in range(steps):
+        acts = (10 ** rng.normal(0, 0.05, 20)).astype(np.float32)
+        if s >= fault:
+            acts[12:] *= 1000
+        t.append({"grad_norm": np.full(20, 0.1, np.float32), "act_absmax": acts}, {"loss": 1.0})
+        w._bound_trace()
+    assert t.full_from > fault, "the fault's steps should have been compacted"
+    assert t.tail_nbytes <= 2**20
+    assert t.nbytes <= 2**20 + (t.MAX_HISTORY + 1) * t.row_nbytes
+    w.run.status = "finished"
+    ff = w.run.first_failure
+    assert (ff.layer, ff.step, ff.kind) == ("l12", fault, "regime_shift")
+    cells = np.frombuffer(serialize.panel_state(w.run, True)["map"], np.uint8).reshape(20, -1)
+    col = fault * cells.shape[1] // steps
+    assert cells[12, col] == 3 and (cells[:12] <= 1).all()
+    assert w.run.reclassify(jump=20).first_failure.step == fault  # kept from the live run

@@ -1,4 +1,5 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import * as panelModule from "../index";
 import widget, { RECLASSIFY_TIMEOUT_MS } from "../index";
 import { ROW_HEIGHT } from "../heatmap";
 import type { PanelEvent, PanelTraits } from "../model";
@@ -66,6 +67,13 @@ afterEach(() => {
   vi.useRealTimers();
 });
 
+describe("the module", () => {
+  it("exports render only through the default object (anywidget deprecates a named render)", () => {
+    expect("render" in panelModule).toBe(false);
+    expect(typeof panelModule.default.render).toBe("function");
+  });
+});
+
 describe("render", () => {
   it("draws header, map, first failure, feed and sliders from the traits at once", () => {
     mount();
@@ -108,6 +116,92 @@ describe("render", () => {
     expect($(".ndbg-inspector-status").textContent).toMatch(/waiting/);
     vi.advanceTimersByTime(20); // a frame
     expect($('.ndbg-event[data-id="2"]').classList.contains("ndbg-selected")).toBe(true);
+  });
+
+  describe("highlights exactly what was clicked", () => {
+    // Shares layer and step with the first failure (id 1): `selected` cannot tell them apart.
+    const TWIN: PanelEvent = {
+      id: 5, step: 42, layer: "encoder.layers.0.linear1", kind: "exploding_update", severity: "error",
+      message: "encoder.layers.0.linear1: weights moved 900x their size at step 42", symptom_of: 1,
+    };
+    const highlighted = (): string[] =>
+      Array.from(el.querySelectorAll<HTMLElement>(".ndbg-selected")).map((n) =>
+        n.classList.contains("ndbg-first-failure") ? "first" : `event ${n.dataset.id}`,
+      );
+    const frame = (): void => void vi.advanceTimersByTime(20);
+
+    it("a feed row: that row only, not the first-failure box nor its twin", () => {
+      mount({ events: [...EVENTS, TWIN] });
+      $('.ndbg-event[data-id="1"]').click();
+      frame();
+      expect(model.values.selected).toEqual({ layer: "encoder.layers.0.linear1", step: 42 });
+      expect(highlighted()).toEqual(["event 1"]);
+      $('.ndbg-event[data-id="5"] .ndbg-event-kind').click();
+      frame();
+      expect(highlighted()).toEqual(["event 5"]);
+    });
+
+    it("the first-failure box: the box only; then its row, though `selected` does not change", () => {
+      mount({ events: [...EVENTS, TWIN] });
+      $(".ndbg-first-failure").click();
+      frame();
+      expect(highlighted()).toEqual(["first"]);
+      $('.ndbg-event[data-id="1"]').click();
+      frame();
+      expect(model.values.selected).toEqual({ layer: "encoder.layers.0.linear1", step: 42 });
+      expect(highlighted()).toEqual(["event 1"]);
+      $(".ndbg-first-failure").dispatchEvent(new KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+      frame();
+      expect(highlighted()).toEqual(["first"]);
+    });
+
+    it("a map cell: the events of that layer in that bucket, nothing else", () => {
+      mount({ events: [...EVENTS, TWIN] });
+      // x = 250 is column 4 (steps 40-49) of the 600 px fallback width; row 1.
+      $(".ndbg-map-canvas").dispatchEvent(new MouseEvent("click", { clientX: 250, clientY: ROW_HEIGHT + 2, bubbles: true }));
+      frame();
+      expect(highlighted()).toEqual(["event 1", "event 5"]);
+      // A cell of the same layer without events highlights no row.
+      $(".ndbg-map-canvas").dispatchEvent(new MouseEvent("click", { clientX: 5, clientY: ROW_HEIGHT + 2, bubbles: true }));
+      frame();
+      expect(highlighted()).toEqual([]);
+    });
+
+    it("follows the clicked event when re-classification renumbers the events", () => {
+      mount({ events: [...EVENTS, TWIN] });
+      $('.ndbg-event[data-id="5"]').click();
+      frame();
+      // Python's new feed: the twin is now id 2, and id 5 is another event.
+      const renumbered: PanelEvent[] = [
+        { ...EVENTS[0]!, id: 1 },
+        { ...TWIN, id: 2 },
+        { ...EVENTS[1]!, id: 5 },
+      ];
+      model.update("events", renumbered);
+      frame();
+      expect(highlighted()).toEqual(["event 2"]);
+      // The clicked event gone: no row stands in for it.
+      model.update("events", [EVENTS[0]!]);
+      frame();
+      expect(highlighted()).toEqual([]);
+    });
+
+    it("drops the highlight when the inspector closes or Python selects something else", () => {
+      mount({ events: [...EVENTS, TWIN], inspector_html: "" });
+      $('.ndbg-event[data-id="2"]').click();
+      model.update("inspector_html", "<p>head</p>");
+      frame();
+      expect(highlighted()).toEqual(["event 2"]);
+      $(".ndbg-inspector-close").click();
+      frame();
+      expect(highlighted()).toEqual([]);
+      $('.ndbg-event[data-id="2"]').click();
+      frame();
+      expect(highlighted()).toEqual(["event 2"]);
+      model.update("selected", { layer: "embed", step: 45 });
+      frame();
+      expect(highlighted()).toEqual([]);
+    });
   });
 
   it("clicking the first failure selects its layer and step", () => {

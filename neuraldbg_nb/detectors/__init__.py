@@ -36,12 +36,16 @@ DETECTORS: tuple[Detector, ...] = (
 class Detection:
     """Events of a trace so far; `advance` reads the steps recorded since the last call."""
 
-    def __init__(self, thresholds: Thresholds) -> None:
+    def __init__(self, thresholds: Thresholds, start: int = 0,
+                 kept: list[Event] | None = None) -> None:
+        """`start`: the first step to scan (a compacted trace is scanned from its exact
+        tail on); `kept`: events of earlier steps carried over as they are."""
         self.thresholds = thresholds
+        self.kept = list(kept or [])
         self._events: list[Event] = []
-        self._sorted: list[Event] | None = []
+        self._sorted: list[Event] | None = None
         self._carries: dict[tuple[str, str], Carry] = {}
-        self.steps_done = 0
+        self.steps_done = start
 
     def advance(self, trace: Trace) -> list[Event]:
         """Scan the new steps; returns the events that appeared (in step order)."""
@@ -49,7 +53,7 @@ class Detection:
         if stop <= start:
             return []
         th = self.thresholds
-        lo = max(0, start - th.window - 2)
+        lo = max(trace.full_from, start - th.window - 2)
         before = len(self._events)
         names = [(info.name, f"{info.name} ({info.type})" if info.type else info.name)
                  for info in trace.layers]
@@ -68,7 +72,7 @@ class Detection:
     def events(self) -> list[Event]:
         """All events so far, in step order (and forward order within a step)."""
         if self._sorted is None:
-            self._sorted = sorted(self._events, key=_order)
+            self._sorted = sorted(self.kept + self._events, key=_order)
         return self._sorted
 
     @property
@@ -85,7 +89,7 @@ def _order(e: Event) -> tuple[int, int, str]:
 def detect(trace: Trace, thresholds: Thresholds | None = None
            ) -> tuple[StateMap, list[Event]]:
     """States and events of a recorded trace under `thresholds`."""
-    d = Detection(thresholds or Thresholds())
+    d = Detection(thresholds or Thresholds(), start=trace.full_from)
     d.advance(trace)
     events = d.events
     return StateMap(events, trace.n_steps, trace.n_layers), events

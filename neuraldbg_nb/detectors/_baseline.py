@@ -27,18 +27,21 @@ def trailing_stats(logs: np.ndarray, window: int, warmup: int
     int64 wrap-around cancels in the difference), so a step's baseline is bit-identical
     whichever block of rows it was computed in, live step by step or all at once."""
     ok = ~np.isnan(logs)
-    q = np.where(ok, np.rint(np.where(ok, logs, 0.0) * SCALE), 0).astype(np.int64)
-    zero_row = np.zeros((1,) + logs.shape[1:], np.int64)
+    q = np.rint(np.where(ok, logs, 0.0) * SCALE).astype(np.int64)
+    n = logs.shape[0]
+    sums = np.zeros((n + 1,) + logs.shape[1:], np.int64)
+    squares = np.zeros_like(sums)
+    counts = np.zeros(sums.shape, np.int32)
     with np.errstate(over="ignore"):
-        sums = np.concatenate([zero_row, np.cumsum(q, axis=0)])
-        squares = np.concatenate([zero_row, np.cumsum(q * q, axis=0)])
-    counts = np.concatenate([zero_row, np.cumsum(ok, axis=0)])
-    hi = np.arange(logs.shape[0])
-    lo = np.maximum(hi - window, 0)
-    c = (counts[hi] - counts[lo]).astype(np.float64)
+        np.cumsum(q, axis=0, out=sums[1:])
+        np.cumsum(q * q, axis=0, out=squares[1:])
+    np.cumsum(ok, axis=0, out=counts[1:])
+    # window [t - window, t) for row t: running sums at t minus those at max(t - window, 0)
+    lo = np.maximum(np.arange(n) - window, 0)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        mean = (sums[hi] - sums[lo]) / np.maximum(c, 1) / SCALE
-        var = (squares[hi] - squares[lo]) / np.maximum(c, 1) / SCALE ** 2 - mean ** 2
+        c = (counts[:n] - counts[lo]).astype(np.float64)
+        mean = (sums[:n] - sums[lo]) / np.maximum(c, 1) / SCALE
+        var = (squares[:n] - squares[lo]) / np.maximum(c, 1) / SCALE ** 2 - mean ** 2
     enough = c >= warmup
     return (np.where(enough, mean, np.nan),
             np.where(enough, np.sqrt(np.maximum(var, 0.0)), np.nan))

@@ -93,8 +93,9 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
     if n == 0:
         return
     carry.grow(cols)
-    filled = forward_fill(f.codes, carry.code[:cols])
-    steady = (filled == carry.level[None, :cols]).all(0) & (carry.code[:cols] == carry.level[:cols])
+    level = carry.level[:cols]
+    # steady: every observed code equals the reported level, and nothing is pending
+    steady = ((f.codes == level[None, :]) | (f.codes == HOLD)).all(0) & (carry.code[:cols] == level)
 
     # steady columns: the run goes on; only the last healthy value can change
     quiet = np.flatnonzero(steady)
@@ -104,8 +105,11 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
     last_row = n - 1 - np.argmax(ok_seen[::-1], axis=0)
     carry.last_ok[quiet[has]] = f.values[last_row[has], quiet[has]]
 
-    for j in np.flatnonzero(~steady):
-        _walk(f, carry, int(j), filled[:, j], first_step, names, exit_patience, events)
+    moving = np.flatnonzero(~steady)
+    if len(moving):
+        filled = forward_fill(f.codes[:, moving], carry.code[moving])
+        for i, j in enumerate(moving.tolist()):
+            _walk(f, carry, j, filled[:, i], first_step, names, exit_patience, events)
 
 
 def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
