@@ -21,11 +21,11 @@ import numpy as np
 
 from neuraldbg_nb import Thresholds, serialize
 from neuraldbg_nb.capture import CaptureStore
-from neuraldbg_nb.detectors import Detection
+from neuraldbg_nb.detectors import Detection, history_rows
 from neuraldbg_nb.run import Run
 from neuraldbg_nb.trace import Trace
 
-LOOKBACK = Thresholds().window + 2
+LOOKBACK = history_rows(Thresholds())
 
 
 def synthetic_run(layers: int, steps: int, trace_mb: float, seed: int = 0) -> Run:

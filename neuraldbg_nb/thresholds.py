@@ -42,7 +42,10 @@ class Thresholds:
     """Relative change of a layer's weight norm in one optimizer step that counts as an
     exploding update (1.0: the norm doubled, or fell to zero)."""
     loss_rise: float = 10.0
-    """Factor above the recent loss level that counts as divergence."""
+    """Factor above the recent loss level that counts as divergence (a jump against the
+    last `window` steps, or a climb of the recent level over `trend` steps)."""
+    trend: int = 200
+    """Steps over which a slow climb of the loss is measured."""
     patience: int = 3
     """Steps a slow condition (vanishing, dead units, saturation) must hold before it is
     reported, and steps of health before a recovery is reported. Non-finite values and
@@ -64,7 +67,7 @@ class Thresholds:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"Thresholds.{name} is a fraction in (0, 1], got "
                                  f"{getattr(self, name)!r}")
-        for name in ("window", "warmup", "patience"):
+        for name in ("window", "warmup", "patience", "trend"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name} must be >= 1, got {getattr(self, name)!r}")
 

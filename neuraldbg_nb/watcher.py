@@ -17,7 +17,7 @@ from typing import Any, Literal
 from torch import nn
 
 from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
-from .detectors import Detection, wake
+from .detectors import Detection, history_rows, wake
 from .probe import Probe, StepRecord
 from .run import Run, TrainingFailure
 from .thresholds import Thresholds
@@ -126,7 +126,7 @@ class Watch:
 
     def _on_step(self, record: StepRecord) -> None:
         run = self.run
-        if self.stop_on == "error" or self._schedule.due(run.trace, run.detection):
+        if self._schedule.due(run.trace, run.detection):
             started = time.perf_counter()
             run.detection.advance(run.trace)
             self._schedule.scanned(time.perf_counter() - started)
@@ -146,8 +146,8 @@ class Watch:
             return
         self.run.detection.advance(t)
         keep = self.trace_bytes // 2 // t.row_nbytes
-        lookback = self.run.thresholds.window + 2
-        t.compact(min(t.n_steps - keep, self.run.detection.steps_done - lookback))
+        back = history_rows(self.run.thresholds)
+        t.compact(min(t.n_steps - keep, self.run.detection.steps_done - back))
 
     def _capture(self, record: StepRecord, new: list) -> None:
         store = self.run.captures
@@ -178,9 +178,11 @@ class Watch:
 
 class ScanSchedule:
     """When the live run scans for events: at once when the newest step looks like the
-    start of one (`wake`), else in batches sized so that scanning costs about `BUDGET` of
-    the training time, and at least every `MAX_LATENCY` seconds. Batching changes when
-    events are found, never which (the scan is chunk-invariant)."""
+    start of one (`wake`), and every step for `patience` steps after that (a condition is
+    confirmed only after it held that long); else in batches sized so that scanning costs
+    about `BUDGET` of the training time, and at least every `MAX_LATENCY` seconds.
+    Batching changes when events are found, never which (the scan is chunk-invariant),
+    so `stop_on` stops at the step of a sudden failure and soon after a slow one."""
 
     BUDGET = 0.005
     MAX_LATENCY = 2.0
@@ -188,6 +190,7 @@ class ScanSchedule:
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
         self.interval = 1
+        self._hot = 0
         self._step_time = 0.0
         self._last_step = self._last_scan = time.perf_counter()
 
@@ -195,9 +198,12 @@ class ScanSchedule:
         now = time.perf_counter()
         wall, self._last_step = now - self._last_step, now
         self._step_time = wall if self._step_time == 0 else 0.9 * self._step_time + 0.1 * wall
+        if wake(trace, self.thresholds):
+            self._hot = self.thresholds.patience
+        hot, self._hot = self._hot > 0, max(self._hot - 1, 0)
         pending = trace.n_steps - detection.steps_done
-        return pending > 0 and (pending >= self.interval or now - self._last_scan >= self.MAX_LATENCY
-                                or wake(trace, self.thresholds))
+        return pending > 0 and (hot or pending >= self.interval
+                                or now - self._last_scan >= self.MAX_LATENCY)
 
     def scanned(self, cost: float) -> None:
         self._last_scan = time.perf_counter()

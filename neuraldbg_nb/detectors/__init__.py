@@ -33,6 +33,11 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
+def history_rows(th: Thresholds) -> int:
+    """Steps before a chunk that its detectors read (the longest history any uses)."""
+    return max(th.window, th.trend) + th.window + 2
+
+
 class Detection:
     """Events of a trace so far; `advance` reads the steps recorded since the last call."""
 
@@ -53,7 +58,7 @@ class Detection:
         if stop <= start:
             return []
         th = self.thresholds
-        lo = max(trace.full_from, start - th.window - 2)
+        lo = max(trace.full_from, start - history_rows(th))
         before = len(self._events)
         names = [(info.name, f"{info.name} ({info.type})" if info.type else info.name)
                  for info in trace.layers]
@@ -95,5 +100,5 @@ def detect(trace: Trace, thresholds: Thresholds | None = None
     return StateMap(events, trace.n_steps, trace.n_layers), events
 
 
-__all__ = ["DETECTORS", "Detection", "StateMap", "detect", "first_failure", "symptoms",
-           "wake"]
+__all__ = ["DETECTORS", "Detection", "StateMap", "detect", "first_failure", "history_rows",
+           "symptoms", "wake"]

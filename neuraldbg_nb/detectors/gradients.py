@@ -21,7 +21,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                                  f"(norm was {fmt(p)})"),
         Finding("exploding_gradient", "gradient", exploding, g, message=lambda
                 n, s, v, p, sev: f"{n}: gradient norm healthy ({fmt(p)}) -> exploding "
-                                 f"({fmt(v)}) at step {s}",
+                                 f"({fmt(v)}) at step {s}"
+                if p == p else f"{n}: gradient norm exploding ({fmt(v)}) from step {s}",
                 recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
                                                  f"({fmt(v)}) at step {s}"),
         Finding("vanishing_gradient", "gradient", vanishing, g, patience=th.patience,

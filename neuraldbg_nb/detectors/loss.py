@@ -1,4 +1,5 @@
-"""The loss: not finite, or diverging from its own recent level."""
+"""The loss: not finite, jumping above its recent level, or climbing over a longer trend
+(a slow divergence, e.g. gradients accumulating without `zero_grad`, never jumps)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,19 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     rising = ~np.isnan(shift)
     up = (logs > base) & (shift >= np.log10(th.loss_rise))
     diverge = np.where(rising, np.where(up, ERROR, OK), HOLD)
+    then = np.full_like(base, np.nan)
+    if len(base) > th.trend:
+        then[th.trend:] = base[:-th.trend]
+    climb = base - then
+    trend = np.where(np.isnan(climb), HOLD,
+                     np.where(climb >= np.log10(th.loss_rise), ERROR, OK)).astype(np.int8)
     return [
+        Finding("loss_divergence", "loss_trend", trend, 10.0 ** base, previous=10.0 ** then,
+                per_layer=False, patience=th.patience,
+                message=lambda n, s, v, p, sev: f"loss climbed {v / p:.0f}x over {th.trend} "
+                                                f"steps by step {s} (recent level {fmt(p)} -> "
+                                                f"{fmt(v)})",
+                recovery=lambda n, s, v, p, sev: f"loss back down ({fmt(v)}) at step {s}"),
         Finding("loss_nonfinite", "loss", nonfinite.astype(np.int8), loss, per_layer=False,
                 sticky=True, message=lambda n, s, v, p, sev: f"loss became non-finite at step "
                                                              f"{s} (was {fmt(p)})"),
