@@ -17,7 +17,7 @@ from typing import Any, Literal
 from torch import nn
 
 from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
-from .detectors import Detection, history_rows, wake
+from .detectors import Detection, SampledWake, history_rows, wake
 from .probe import Probe, StepRecord
 from .run import Run, TrainingFailure
 from .thresholds import Thresholds
@@ -191,6 +191,7 @@ class ScanSchedule:
         self.thresholds = thresholds
         self.interval = 1
         self._hot = 0
+        self._sampled_wake = SampledWake()
         self._step_time = 0.0
         self._last_step = self._last_scan = time.perf_counter()
 
@@ -198,7 +199,7 @@ class ScanSchedule:
         now = time.perf_counter()
         wall, self._last_step = now - self._last_step, now
         self._step_time = wall if self._step_time == 0 else 0.9 * self._step_time + 0.1 * wall
-        if wake(trace, self.thresholds):
+        if wake(trace, self.thresholds) or self._sampled_wake(trace, self.thresholds):
             self._hot = self.thresholds.patience
         hot, self._hot = self._hot > 0, max(self._hot - 1, 0)
         pending = trace.n_steps - detection.steps_done

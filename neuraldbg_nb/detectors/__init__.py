@@ -17,25 +17,35 @@ from ..trace import Trace
 from . import activations, data, gradients, loss, regime, updates
 from ._scan import Carry, Finding, scan
 from .rootcause import first_failure, symptoms
-from .wake import wake
+from .wake import SampledWake, wake
 from .states import StateMap
 
 Detector = Callable[[Trace, int, int, Thresholds], list[Finding]]
 
-DETECTORS: tuple[Detector, ...] = (
-    data.findings,
-    activations.findings,
-    regime.findings,
-    updates.findings,
-    updates.lr_findings,
-    loss.findings,
-    gradients.findings,
+
+def _recent(th: Thresholds) -> int:
+    return th.window + 2
+
+
+def _trend(th: Thresholds) -> int:
+    return th.trend + th.window + 2
+
+
+DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
+    (data.findings, _recent),
+    (activations.findings, _recent),
+    (regime.findings, _recent),
+    (updates.findings, _recent),
+    (updates.lr_findings, _recent),
+    (loss.findings, _trend),
+    (gradients.findings, _recent),
 )
+"""Each detector with the steps of history before a chunk that it reads."""
 
 
 def history_rows(th: Thresholds) -> int:
-    """Steps before a chunk that its detectors read (the longest history any uses)."""
-    return max(th.window, th.trend) + th.window + 2
+    """Steps before a chunk that the detectors read (the longest history any uses)."""
+    return max(need(th) for _, need in DETECTORS)
 
 
 class Detection:
@@ -58,11 +68,11 @@ class Detection:
         if stop <= start:
             return []
         th = self.thresholds
-        lo = max(trace.full_from, start - history_rows(th))
         before = len(self._events)
         names = [(info.name, f"{info.name} ({info.type})" if info.type else info.name)
                  for info in trace.layers]
-        for detector in DETECTORS:
+        for detector, need in DETECTORS:
+            lo = max(trace.full_from, start - need(th))
             for f in detector(trace, lo, stop, th):
                 rows = slice(start - lo, None)
                 chunk = replace(f, codes=f.codes[rows], values=f.values[rows],
@@ -100,5 +110,5 @@ def detect(trace: Trace, thresholds: Thresholds | None = None
     return StateMap(events, trace.n_steps, trace.n_layers), events
 
 
-__all__ = ["DETECTORS", "Detection", "StateMap", "detect", "first_failure", "history_rows",
-           "symptoms", "wake"]
+__all__ = ["DETECTORS", "Detection", "SampledWake", "StateMap", "detect", "first_failure",
+           "history_rows", "symptoms", "wake"]

@@ -5,8 +5,8 @@ batches instead (the result is the same: the scan is chunk-invariant). This test
 newest step against the one before decides when to scan at once, so that a sudden
 failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
-crossed its line, the input turned non-finite or all zero, or a number moved by
-`sqrt(jump)` or more. It only decides *when* detection runs, never *what* it finds; a
+crossed its line (against the last sampled step), the input turned non-finite or all
+zero, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`). It only decides *when* detection runs, never *what* it finds; a
 slow drift is found at the next batch.
 """
 
@@ -17,11 +17,13 @@ import numpy as np
 from ..thresholds import Thresholds
 from ..trace import Trace
 
-_MOVERS = ("act_absmax", "grad_norm", "param_norm")
+_MOVERS = ("act_absmax", "param_norm", "grad_norm")
+"""Per-layer columns compared with the step before; gradients last (see `wake`)."""
 
 
 def wake(trace: Trace, th: Thresholds) -> bool:
-    """True if the newest step may start an event."""
+    """True if the newest step may start an event (judged on the columns measured every
+    step; sampled ones are compared by `SampledWake`)."""
     t = trace.n_steps - 1
     if t < 1:
         return False
@@ -29,19 +31,39 @@ def wake(trace: Trace, th: Thresholds) -> bool:
     rows.append(np.stack([trace.scalar(c, t - 1, t + 1) for c in ("loss", "in_absmax")], 1))
     before, now = np.concatenate(rows, 1).astype(np.float64)
     grad_b, grad = trace.col("grad_norm", t - 1, t + 1)
-    dead_b, dead = trace.col("dead_frac", t - 1, t + 1)
-    sat_b, sat = trace.col("sat_frac", t - 1, t + 1)
     inf_b, inf = trace.scalar("in_nonfinite", t - 1, t + 1)
+    n_layers = trace.n_layers
+    # half the jump (in decades) wakes; gradients swing by a decade on ordinary batches and
+    # only warn from jump_error, so they wake from half of that
+    factor = np.full(now.shape, 0.5 * np.log10(th.jump))
+    factor[2 * n_layers: 3 * n_layers] = 0.5 * np.log10(max(th.jump, th.jump_error))
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.abs(np.log10(now / before))
-        factor = 0.5 * np.log10(th.jump)
         flags = np.concatenate([
             np.isinf(now) & ~np.isinf(before),
             ratio >= factor,
             (grad < th.vanish) & ~(grad_b < th.vanish),
             (grad > th.explode) & ~(grad_b > th.explode),
-            (dead >= th.dead) & ~(dead_b >= th.dead),
-            (sat >= th.saturated) & ~(sat_b >= th.saturated),
             [inf > 0 and not inf_b > 0, now[-1] == 0 and before[-1] != 0],
         ])
     return bool(flags.any())
+
+
+class SampledWake:
+    """The same test for the sampled columns (dead units, saturation), against the last
+    sampled step rather than the step before, which was not measured."""
+
+    def __init__(self) -> None:
+        self._last: np.ndarray | None = None
+
+    def __call__(self, trace: Trace, th: Thresholds) -> bool:
+        t = trace.n_steps - 1
+        if t < 0 or not trace.scalar("sampled", t, t + 1)[0] > 0:
+            return False
+        with np.errstate(invalid="ignore"):
+            now = np.concatenate([trace.col("dead_frac", t, t + 1)[0] >= th.dead,
+                                  trace.col("sat_frac", t, t + 1)[0] >= th.saturated])
+        last, self._last = self._last, now
+        if last is None or len(last) != len(now):
+            return bool(now.any())
+        return bool((now & ~last).any())

@@ -1,0 +1,27 @@
+"""The benchmark scripts still run (short mode); their numbers are not judged here (timing
+belongs in benchmarks/RESULTS.md, measured by hand, not in CI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_overhead_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp")
+    assert "neuraldbg default" in out and "plain vs plain" in out
+
+
+def test_panel_scale_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/panel_scale.py", "--quick")
+    assert "re-classify" in out and "live message size" in out
