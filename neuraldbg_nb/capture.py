@@ -2,9 +2,9 @@
 
 Captures are CPU copies of a layer's input, output, parameters and gradients (and the
 input batch) taken when a detector fires and at sparse reference steps (0, 1, 2, 4, 8,
-...) so an event can be shown beside the last healthy state. When the budget is full,
-reference captures go first (oldest first), then later event captures; the first failure's
-capture is the last to go. A tensor larger than a quarter of the budget is kept as an
+...) so an event can be shown beside the last healthy state. References only fill free
+room; when the budget is full, an event capture pushes out references first (oldest
+first), then later event captures; the earliest event capture is the last to go. A tensor larger than a quarter of the budget is kept as an
 evenly strided sample and marked so.
 """
 
@@ -73,6 +73,8 @@ class CaptureStore:
         cannot fit at all."""
         if self.budget == 0 or (step, layer) in self._items:
             return self._items.get((step, layer))
+        if reason == REFERENCE and self.nbytes >= self.budget:
+            return None  # full: do not even copy
         per_tensor = max(self.budget // 4, 1)
         kept: dict[str, torch.Tensor] = {}
         sampled = set()
@@ -88,7 +90,7 @@ class CaptureStore:
             kept[name] = t.to("cpu", copy=True)
         cap = Capture(step, layer, reason, kept, frozenset(sampled))
         if not self._make_room(cap.nbytes, reason):
-            self.dropped += 1
+            self.dropped += reason == EVENT
             return None
         self._items[(step, layer)] = cap
         self.nbytes += cap.nbytes
@@ -99,11 +101,13 @@ class CaptureStore:
             return False
         if self.nbytes + need <= self.budget:
             return True
+        if reason == REFERENCE:
+            return False  # references only fill free room; they never push anything out
         refs = sorted((c for c in self._items.values() if c.reason == REFERENCE),
                       key=lambda c: c.step)
         events = sorted((c for c in self._items.values() if c.reason == EVENT),
                         key=lambda c: -c.step)
-        victims = refs + (events[:-1] if reason == EVENT else [])
+        victims = refs + events[:-1]
         for c in victims:
             if self.nbytes + need <= self.budget:
                 break

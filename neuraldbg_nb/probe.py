@@ -124,12 +124,18 @@ class Probe:
 
     # -- lifecycle ------------------------------------------------------------------
     def attach(self) -> None:
+        """Install the hooks. Global forward hooks run on every module call in the
+        process, so only what is needed goes in: the pre-hook only to discover models
+        (no model given), the post-hook only to summarise activations."""
         self._handles = [
-            nn_module.register_module_forward_pre_hook(self._pre),
-            nn_module.register_module_forward_hook(self._post, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
+        if not self._given:
+            self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
+        if self.activations:
+            self._handles.append(
+                nn_module.register_module_forward_hook(self._post, always_call=True))
         for root in self._root_modules:
             self._hook_root(root)
         self._unsubscribe = loss_tap.subscribe(self._on_backward)
@@ -217,6 +223,7 @@ class Probe:
 
     def _post(self, module: nn.Module, args: tuple, output: object) -> None:
         if torch.compiler.is_compiling():
+            self.compiled_seen = True
             return
         c = self._cand.get(id(module))
         if c is None or not self.activations:

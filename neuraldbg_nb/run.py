@@ -4,6 +4,7 @@ of it. It reads; it never hooks or trains."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,6 +127,10 @@ class Run:
                 raise KeyError(f"no layer {layer!r} in this run"
                                + (f"; did you mean {hint[0]!r}?" if hint else ""))
         found = self.captures.find(step, layer)
+        if found is not None and layer is not None:
+            batch = self.captures.find(found.step, None)
+            if batch is not None and batch.step == found.step and "batch" in batch.tensors:
+                found = replace(found, tensors={**found.tensors, "batch": batch["batch"]})
         if found is None:
             budget = self.captures.budget // 2**20
             raise LookupError(

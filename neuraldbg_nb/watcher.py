@@ -155,14 +155,15 @@ class Watch:
             return
         names = self.run.trace.layer_names
         fired = {e.order for e in new if e.severity != "info" and e.order >= 0}
-        if any(e.kind == "data_anomaly" and e.severity != "info" for e in new):
-            store.add(record.step, None, EVENT, {"batch": record.batch})
         reference = is_reference_step(record.step)
+        if fired or reference or any(e.severity != "info" for e in new):
+            # the batch once per step, under layer None
+            store.add(record.step, None, EVENT if new else REFERENCE, {"batch": record.batch})
         for idx in sorted(fired) + (sorted(record.refs) if reference else []):
             if idx >= len(names) or store.has(record.step, names[idx]):
                 continue
             inp, out = record.refs.get(idx, (None, None))
-            tensors = {"input": inp, "output": out, "batch": record.batch}
+            tensors = {"input": inp, "output": out}
             first_grad = True
             for name, p, owner in record.params:
                 if owner != idx:
