@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-py test-js browser lab bench bench-quick lint clean
+.PHONY: setup demo test browser lab bench bench-quick lint clean
 
 $(STAMP): pyproject.toml package.json package-lock.json
 	python3 -m venv $(VENV)
@@ -27,6 +27,8 @@ browser:
 test: setup browser
 	npm run typecheck
 	npm test
+	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks
+	$(VENV)/bin/mypy neuraldbg_nb
 	$(PY) -m pytest -q
 
 lab: setup
@@ -34,9 +36,11 @@ lab: setup
 
 bench: setup
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/panel_scale.py
 
 bench-quick: setup
 	$(PY) benchmarks/overhead.py --quick
+	$(PY) benchmarks/panel_scale.py --quick
 
 lint: setup
 	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import datetime
 import gc
 import hashlib
@@ -44,7 +43,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import neuraldbg_nb  # noqa: E402
+import neuraldbg_nb
 
 # -- models --------------------------------------------------------------------------
 
@@ -255,6 +254,8 @@ def configs() -> tuple[list[Config], list[str]]:
         Config("control", "plain vs plain (control)", step),
         Config("default", "neuraldbg default", step, watch_kwargs={}),
         Config("grads", grad_label, step, watch_kwargs=grad_kw),
+        Config("budget", "neuraldbg overhead=0.02 (adaptive)", step,
+               watch_kwargs={"overhead": 0.02}),
         Config("sample1", "neuraldbg sample_every=1", step, watch_kwargs=every_step_kwargs()),
         Config("item", "ref: per-param .item() grad norms", step_item_norms),
         Config("anomaly", "ref: torch.autograd.detect_anomaly()", step, context=anomaly),
@@ -301,7 +302,7 @@ def fmt_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
         out += ["| " + " | ".join(r) + " |" for r in rows]
         return "\n".join(out)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(  # noqa: E731
+    line = lambda r: "  ".join(
         (s.ljust(w) if i == 0 else s.rjust(w)) for i, (s, w) in enumerate(zip(r, widths)))
     return "\n".join([line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows])
 

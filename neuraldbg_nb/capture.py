@@ -61,7 +61,7 @@ class CaptureStore:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return iter(sorted(self._items.values(), key=lambda c: (c.step, c.layer or "")))
 
     def has(self, step: int, layer: str | None) -> bool:

@@ -12,6 +12,7 @@ import argparse
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import demo
 from .run import TrainingFailure, load
@@ -28,7 +29,7 @@ def _thresholds_args(p: argparse.ArgumentParser) -> None:
                        help=f"threshold {name} (default {getattr(Thresholds(), name):g})")
 
 
-def _changes(args: argparse.Namespace) -> dict[str, float]:
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in _SETTINGS if getattr(args, k) is not None}
 
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "demo":
         train = demo.EXAMPLES[args.name]()
-        print(f"neuraldbg demo {args.name}: {demo.EXAMPLES[args.name].__doc__.split('.')[0]}.")
+        story = (demo.EXAMPLES[args.name].__doc__ or "").split(".")[0]
+        print(f"neuraldbg demo {args.name}: {story}.")
         with watch(train.model, report=True) as run:  # type: ignore[attr-defined]
             train()
         if args.save:

@@ -36,7 +36,7 @@ def weight_blowup(steps: int = 150) -> Callable[[], None]:
             i = (step * 64) % (len(x) - 64)
             if step == FAULT_STEP:
                 with torch.no_grad():
-                    model[2].weight.mul_(300)
+                    model[2].weight.mul_(300)  # type: ignore[operator]
             opt.zero_grad()
             nn.functional.cross_entropy(model(x[i:i + 64]), y[i:i + 64]).backward()
             opt.step()

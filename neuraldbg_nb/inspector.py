@@ -95,7 +95,7 @@ def _histograms(now: Capture, before: Capture | None) -> list[str]:
     for name in ("output", "grad", "weight"):
         if name not in now.tensors:
             continue
-        charts = []
+        charts: list[Any] = []
         for cap, label in ((now, f"step {now.step}"), (before, "last healthy")):
             if cap is None or name not in cap.tensors:
                 continue

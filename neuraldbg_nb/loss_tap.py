@@ -28,7 +28,7 @@ def _dispatch(original: Callable[..., Any]) -> Callable[..., Any]:
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
         root = tensors[0] if isinstance(tensors, (tuple, list)) and len(tensors) == 1 else tensors
         if isinstance(root, torch.Tensor) and root.numel() == 1 and root.is_floating_point():
-            for listener in list(_listeners):
+            for listener in _listeners:
                 listener(root)
         return original(tensors, *args, **kwargs)
 
@@ -41,7 +41,7 @@ def subscribe(listener: Listener) -> Callable[[], None]:
     with _lock:
         if not _listeners:
             _original = torch.autograd.backward
-            torch.autograd.backward = _dispatch(_original)  # type: ignore[assignment]
+            torch.autograd.backward = _dispatch(_original)
         _listeners.append(listener)
 
     done = False
@@ -55,7 +55,7 @@ def subscribe(listener: Listener) -> Callable[[], None]:
             done = True
             _listeners.remove(listener)
             if not _listeners and _original is not None:
-                torch.autograd.backward = _original  # type: ignore[assignment]
+                torch.autograd.backward = _original
                 _original = None
 
     return unsubscribe

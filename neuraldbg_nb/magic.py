@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import difflib
 import sys
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .run import TrainingFailure
+from .run import Run, TrainingFailure
 from .watcher import watch
 
 _THRESHOLD_OPTIONS = {
@@ -33,7 +34,7 @@ _THRESHOLD_OPTIONS = {
 }
 
 
-def _threshold_arguments(func):  # noqa: ANN001, ANN202 - decorator plumbing
+def _threshold_arguments(func):
     for name, text in reversed(_THRESHOLD_OPTIONS.items()):
         kind = int if name in ("window", "patience") else float
         func = argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)(func)
@@ -49,6 +50,11 @@ class NeuralDbgMagics(Magics):
               help="memory budget for captured tensors, in MB (default 256; 0: off)")
     @argument("--sample-every", type=int, default=10,
               help="full activation statistics every N steps (default 10)")
+    @argument("--overhead", type=float, default=None, metavar="FRACTION",
+              help="budget for activation statistics as a fraction of the step time, e.g. "
+                   "0.02: sampled less often where they cost more (default: off)")
+    @argument("--trace-mb", type=float, default=64,
+              help="memory for the exact recent steps; older ones are compacted (default 64)")
     @argument("--no-activations", action="store_true",
               help="watch gradients, weights, loss and input only (cheapest)")
     @argument("--no-panel", action="store_true", help="print the text summary instead")
@@ -67,18 +73,21 @@ class NeuralDbgMagics(Magics):
             return
         changes = {k: getattr(args, k) for k in _THRESHOLD_OPTIONS if getattr(args, k) is not None}
         w = watch(None, stop_on=args.stop_on, capture_mb=args.capture_mb,
-                  sample_every=args.sample_every, activations=not args.no_activations,
+                  sample_every=args.sample_every, overhead=args.overhead,
+                  trace_mb=args.trace_mb, activations=not args.no_activations,
                   report=False, **changes)
         run = w.run
+        shell = self.shell
+        assert shell is not None  # a registered magic always has its shell
         if args.output:
-            self.shell.user_ns[args.output] = run
+            shell.user_ns[args.output] = run
         panel = None if args.no_panel else _panel(run)
         if panel is not None:
             display(panel)
-        code = compile(self.shell.transform_cell(cell), "<neuraldbg cell>", "exec")
+        code = compile(shell.transform_cell(cell), "<neuraldbg cell>", "exec")
         try:
             with w:
-                exec(code, self.shell.user_ns)
+                exec(code, shell.user_ns)  # noqa: S102 - running the user's cell is the point
         except TrainingFailure:
             pass  # the panel shows where it stopped; next cells can inspect the run
         finally:
@@ -88,7 +97,7 @@ class NeuralDbgMagics(Magics):
                 print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
 
 
-def _parse(magic, line: str):  # noqa: ANN001, ANN202
+def _parse(magic: Any, line: str) -> Any:
     """Parse the options; an unknown one gets a spelling hint."""
     try:
         return parse_argstring(magic, line)
@@ -101,7 +110,7 @@ def _parse(magic, line: str):  # noqa: ANN001, ANN202
                          + ". See %%neuraldbg --help") from None
 
 
-def _panel(run):  # noqa: ANN001, ANN202
+def _panel(run: Run) -> Any:
     try:
         from .panel import Panel
     except ImportError as err:
@@ -111,5 +120,5 @@ def _panel(run):  # noqa: ANN001, ANN202
     return Panel(run)
 
 
-def load_ipython_extension(ipython) -> None:  # noqa: ANN001
+def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(NeuralDbgMagics)

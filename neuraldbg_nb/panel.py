@@ -33,7 +33,7 @@ LIVE_HELP = ("the map fills live; clicks and sliders are answered when the cell 
 
 
 def _static(name: str) -> Any:
-    path = resources.files("neuraldbg_nb").joinpath("static", name)
+    path = resources.files("neuraldbg_nb") / "static" / name
     if not path.is_file():
         raise FileNotFoundError(
             f"the panel's front end ({name}) is missing: it is built on install. Reinstall "
@@ -67,9 +67,9 @@ class Panel(anywidget.AnyWidget):
     map_steps = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)
     map_values = traitlets.Bytes(b"").tag(sync=True)
     map_act = traitlets.Bytes(b"").tag(sync=True)
-    markers = traitlets.List().tag(sync=True)
+    markers: traitlets.List = traitlets.List().tag(sync=True)
     first_failure = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
-    events = traitlets.List().tag(sync=True)
+    events: traitlets.List = traitlets.List().tag(sync=True)
     thresholds = traitlets.Dict().tag(sync=True)
     selected = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     inspector_html = traitlets.Unicode("").tag(sync=True)

@@ -114,6 +114,7 @@ class Probe:
         self.steps_seen = 0
         self._sc = stats.Scalars()
         self._sampled = True
+        self._batch: torch.Tensor | None = None
         self._reset_step()
         self._pending_post: tuple[list[int], list[int]] | None = None
         self._pending_update: tuple[list[int], list[int], list[int]] | None = None
@@ -247,15 +248,15 @@ class Probe:
             self._refs[idx] = (None if x is None else x.detach(), y)
 
     def _record_input(self, args: tuple, kwargs: dict) -> None:
-        x = first_tensor(args, floating=False)
-        if x is None:
-            x = first_tensor(kwargs, floating=False)
-        if x is None or x.numel() == 0 or x.is_complex():
+        found = first_tensor(args, floating=False)
+        if found is None:
+            found = first_tensor(kwargs, floating=False)
+        if found is None or found.numel() == 0 or found.is_complex():
             return
-        x = x.detach()
-        self._inputs.append((stats.input_batch(x, self._sampled, self._sc), x.numel()))
+        batch = found.detach()
+        self._inputs.append((stats.input_batch(batch, self._sampled, self._sc), batch.numel()))
         if self._hold:
-            self._batch = x
+            self._batch = batch
 
     def _on_backward(self, root: torch.Tensor) -> None:
         self._losses.append(self._sc.add(root.detach()))
@@ -306,7 +307,7 @@ class Probe:
         self._logged: list[int] = []
         self._logged_host: list[float] = []
         self._refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
-        self._batch: torch.Tensor | None = None
+        self._batch = None
 
     def _params(self) -> list[tuple[str, nn.Parameter, int]]:
         return [(name, p, self._layer(mid)) for name, p, mid in self._owners]
@@ -422,17 +423,17 @@ class Probe:
             if p_sat >= 0:
                 t[7] += v[p_sat]
                 has_sat[idx] = True
-        numel = tot[:, 0]
-        seen = numel > 0
+        counts = tot[:, 0]
+        seen = counts > 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            mean = tot[:, 1] / numel
-            std = np.sqrt(np.maximum(tot[:, 2] / numel - mean ** 2, 0.0))
+            mean = tot[:, 1] / counts
+            std = np.sqrt(np.maximum(tot[:, 2] / counts - mean ** 2, 0.0))
             cols = {
                 "act_mean": mean, "act_std": std,
-                "zero_frac": 1.0 - tot[:, 3] / numel,
-                "act_nonfinite": numel - tot[:, 4],
+                "zero_frac": 1.0 - tot[:, 3] / counts,
+                "act_nonfinite": counts - tot[:, 4],
                 "dead_frac": np.where(has_dead & (tot[:, 6] > 0), tot[:, 5] / tot[:, 6], np.nan),
-                "sat_frac": np.where(has_sat, tot[:, 7] / numel, np.nan),
+                "sat_frac": np.where(has_sat, tot[:, 7] / counts, np.nan),
             }
         return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
 

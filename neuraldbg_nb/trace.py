@@ -128,8 +128,8 @@ class Trace:
         r = self._rows
         for c, v in layer_values.items():
             self._layer_cols[c][r, : len(v)] = v
-        for c, v in scalars.items():
-            self._step_cols[c][r] = v
+        for name, x in scalars.items():
+            self._step_cols[name][r] = x
         self._rows += 1
         return self._off + r
 
@@ -279,8 +279,8 @@ class Trace:
         arrays.update({f"hstep__{c}": a for c, a in self._h_step.items()})
         meta = np.array([[i.name, i.type, i.role, str(int(i.has_params))] for i in self.layers],
                         dtype=str).reshape(-1, 4)
-        np.savez_compressed(path, layers=meta, h_steps=self._h_steps,
-                            offset=np.array([self._off]), **arrays)
+        arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]))
+        np.savez_compressed(path, allow_pickle=False, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:

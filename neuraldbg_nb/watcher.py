@@ -56,7 +56,7 @@ class Watch:
 
     def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
                  stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-                 overhead: float | None = 0.02, activations: bool = True,
+                 overhead: float | None = None, activations: bool = True,
                  trace_mb: float = 64, report: bool | None = None,
                  **threshold_changes: Any) -> None:
         if stop_on not in ("error", "never"):
@@ -217,13 +217,13 @@ def _in_notebook() -> bool:
     shell = sys.modules.get("IPython")
     if shell is None:
         return False
-    ip = shell.get_ipython()  # type: ignore[attr-defined]
+    ip = shell.get_ipython()
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
 def watch(model: Any = None, *, thresholds: Thresholds | None = None,
           stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-          overhead: float | None = 0.02, activations: bool = True, trace_mb: float = 64,
+          overhead: float | None = None, activations: bool = True, trace_mb: float = 64,
           report: bool | None = None, **threshold_changes: Any) -> Watch:
     """Watch a training loop: `with watch(model) as run: ...`.
 
@@ -236,8 +236,10 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     capture_mb: memory budget for captured tensors (0 turns capture off).
     sample_every: full activation statistics every N steps at most (non-finite values
         and abs-max are checked every step).
-    overhead: budget for the activation statistics, as a fraction of the step time; where
-        they cost more, they are sampled less often (None: exactly every `sample_every`).
+    overhead: a budget for the activation statistics, as a fraction of the step time
+        (e.g. 0.02): where they cost more, they are sampled less often. Measured in time,
+        so which steps are sampled can differ between two runs; None (the default)
+        samples exactly every `sample_every` steps, reproducibly.
     activations: False watches gradients, weights, the loss and the input only (the
         cheapest mode: no forward hooks do any work).
     trace_mb: memory for the exact recent steps of the trace; older steps are compacted

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(*args: str) -> str:
     done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 

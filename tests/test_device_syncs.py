@@ -24,7 +24,7 @@ class CountScalarReads(TorchDispatchMode):
         super().__init__()
         self.reads = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten._local_scalar_dense.default:
             self.reads += 1
         return func(*args, **(kwargs or {}))
@@ -51,7 +51,7 @@ def test_one_host_transfer_per_step_and_no_scalar_reads(monkeypatch: pytest.Monk
     calls = []
     original = stats.Scalars.to_host
 
-    def counted(self: stats.Scalars):  # noqa: ANN202
+    def counted(self: stats.Scalars):
         calls.append(len(self))
         return original(self)
 
@@ -74,14 +74,14 @@ def test_cuda_sync_count_per_step() -> None:
     model = _model("cuda")
     _train(model, 3, "cuda")  # warm up kernels and the caching allocator
     steps = 20
-    with ndbg.watch(model, capture_mb=0, report=False) as run:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                _train(model, steps, "cuda")
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+    with ndbg.watch(model, capture_mb=0, report=False) as run, \
+            warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _train(model, steps, "cuda")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
     assert run.trace.n_steps == steps
     assert len(syncs) <= steps, f"{len(syncs)} syncs in {steps} steps"

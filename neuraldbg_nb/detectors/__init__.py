@@ -17,8 +17,8 @@ from ..trace import Trace
 from . import activations, data, gradients, loss, regime, updates
 from ._scan import Carry, Finding, scan
 from .rootcause import first_failure, symptoms
-from .wake import SampledWake, wake
 from .states import StateMap
+from .wake import SampledWake, wake
 
 Detector = Callable[[Trace, int, int, Thresholds], list[Finding]]
 

@@ -12,6 +12,7 @@ are walked in Python; a healthy column costs a few vectorised numpy ops per chun
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -170,7 +171,7 @@ def _event(f: Finding, name: str | None, label: str, j: int, code: int, step: in
 
 def fmt(x: float) -> str:
     """A number for a sentence: 3 significant digits, words for the non-finite."""
-    if x != x:
+    if math.isnan(x):
         return "nan"
     if x in (float("inf"), float("-inf")):
         return "inf" if x > 0 else "-inf"

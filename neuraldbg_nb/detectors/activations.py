@@ -6,6 +6,8 @@ bounded activations (sigmoid, tanh, ...), where those words mean something.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..thresholds import Thresholds
@@ -38,13 +40,13 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         Finding("dead_units", "activation", dead_codes, dead, patience=th.patience,
                 message=lambda n, s, v, p, sev: f"{n}: {v:.0%} of units dead (zero for the "
                                                 f"whole batch) from step {s}"
-                                                + (f", was {p:.0%}" if p == p else ""),
+                                                + (f", was {p:.0%}" if not math.isnan(p) else ""),
                 recovery=lambda n, s, v, p, sev: f"{n}: units alive again ({v:.0%} dead) at "
                                                  f"step {s}"),
         Finding("saturation", "activation", sat_codes, sat, patience=th.patience,
                 message=lambda n, s, v, p, sev: f"{n}: {v:.0%} of outputs saturated at the "
                                                 f"bounds from step {s}"
-                                                + (f", was {p:.0%}" if p == p else ""),
+                                                + (f", was {p:.0%}" if not math.isnan(p) else ""),
                 recovery=lambda n, s, v, p, sev: f"{n}: out of saturation ({v:.0%}) at step "
                                                  f"{s}"),
     ]

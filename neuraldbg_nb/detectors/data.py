@@ -23,7 +23,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     const = trace.scalar("in_const", lo, stop)
     repeat = trace.scalar("in_repeat", lo, stop)
     shift, base = shift_codes(absmax[:, None], th, loud=True)
-    col = lambda a: a[:, None]  # noqa: E731 - one column: the data
+    col = lambda a: a[:, None]
     return [
         Finding("data_anomaly", "input_nonfinite", _flag(nonfinite, nonfinite > 0, ERROR),
                 col(nonfinite), per_layer=False,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..thresholds import Thresholds
@@ -22,13 +24,13 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         Finding("exploding_gradient", "gradient", exploding, g, message=lambda
                 n, s, v, p, sev: f"{n}: gradient norm healthy ({fmt(p)}) -> exploding "
                                  f"({fmt(v)}) at step {s}"
-                if p == p else f"{n}: gradient norm exploding ({fmt(v)}) from step {s}",
+                if not math.isnan(p) else f"{n}: gradient norm exploding ({fmt(v)}) from step {s}",
                 recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
                                                  f"({fmt(v)}) at step {s}"),
         Finding("vanishing_gradient", "gradient", vanishing, g, patience=th.patience,
                 message=lambda n, s, v, p, sev: f"{n}: gradient norm healthy ({fmt(p)}) -> "
                                                 f"vanishing ({fmt(v)}) at step {s}"
-                if p == p else f"{n}: gradient norm vanishing ({fmt(v)}) from step {s}",
+                if not math.isnan(p) else f"{n}: gradient norm vanishing ({fmt(v)}) from step {s}",
                 recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
                                                  f"({fmt(v)}) at step {s}"),
     ]

@@ -14,7 +14,7 @@ import numpy as np
 from ..thresholds import Thresholds
 from ..trace import Trace
 from ._baseline import log_level, shift_beyond
-from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt
+from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, Message, fmt
 
 
 def shift_codes(values: np.ndarray, th: Thresholds, loud: bool
@@ -34,7 +34,8 @@ def shift_codes(values: np.ndarray, th: Thresholds, loud: bool
     return codes, 10.0 ** base
 
 
-def describe(what: str):  # noqa: ANN201 - returns a Message
+def describe(what: str) -> Message:
+    """The sentence of a jump or a collapse of `what`."""
     def message(n: str, s: int, v: float, p: float, sev: str) -> str:
         factor = v / p if p > 0 else float("inf")
         who = f"{n}: {what}" if n else what
