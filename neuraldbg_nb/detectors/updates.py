@@ -45,6 +45,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         text = (f"{name}: weights changed by {v:.3g}x their size during step {s}"
                 if np.isfinite(v) else f"{name}: weights became non-finite during step {s}")
         row = s + 1 - first
+        if p < th.max_update:  # the optimizer's own update was measured, and was small
+            return (f"{name}: weights changed by {v:.3g}x their size during step {s}, but the "
+                    f"optimizer's update moved them only {p:.2g}x: they were changed "
+                    f"outside the optimizer")
         if 0 <= row < n and lr_at[row] == lr_at[row] and lr_prev[row] == lr_prev[row] \
                 and lr_at[row] != lr_prev[row]:
             text += f"; the learning rate went {fmt(lr_prev[row])} -> {fmt(lr_at[row])}"
@@ -53,8 +57,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         return text
 
     value = np.where(blown, np.inf, change)
-    return [Finding("exploding_update", "update", codes, value, message=message,
-                    step_offset=-1)]
+    # `previous` carries the optimizer's own update size where it was measured (sampled
+    # steps), so the sentence can tell an optimizer blow-up from weights edited in place
+    return [Finding("exploding_update", "update", codes, value, previous=ratio,
+                    message=message, step_offset=-1)]
 
 
 def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
