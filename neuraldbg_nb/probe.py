@@ -43,6 +43,10 @@ class StepRecord:
     params: list[tuple[str, nn.Parameter, int]] = field(default_factory=list)
 
 
+WEIGHT_PROBE = 4096
+"""Elements of each weight tensor whose norm is read after every update."""
+
+
 class Sampler:
     """Which steps get the full activation statistics.
 
@@ -362,12 +366,18 @@ class Probe:
             refs.clear()
 
     def _after_update(self) -> None:
-        """After the primary optimizer's update: weight norms (every step) and the update
-        size (sampled steps), sent with the next step's transfer."""
+        """After the primary optimizer's update: the weight probe (every step) and the
+        update size (sampled steps), sent with the next step's transfer.
+
+        The probe is the norm of the first `WEIGHT_PROBE` elements of each weight tensor:
+        an update that moves weights by more than their size (a bad learning rate, an
+        in-place edit) moves every part of them, and reading a fixed slice instead of all
+        the weights every step saves a full pass over the parameters."""
         live = [(p, idx) for _, p, idx in self._params() if p.requires_grad]
         weights = [p.detach() for p, _ in live]
         idx = [i for _, i in live]
-        self._pending_post = (stats.grouped_norms(weights, self._sc), idx)
+        probes = [w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else w for w in weights]
+        self._pending_post = (stats.grouped_norms(probes, self._sc), idx)
         if self._before is not None and len(self._before) == len(weights):
             diffs = torch._foreach_sub(weights, self._before) if weights else []
             self._pending_update = (stats.grouped_norms(list(diffs), self._sc),

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 LAYER_COLUMNS: tuple[str, ...] = (
     "grad_norm",      # norm of the layer's own parameter gradients (weight and bias together)
-    "param_norm",     # norm of the layer's own parameters, after this step's update
+    "param_norm",     # norm of the layer's weights after this step's update (of the first
+                      # 4096 elements of each tensor: the exact norm of smaller layers)
     "update_ratio",   # |w_after - w_before| / |w_before| of this step's update (sampled)
     "act_absmax",     # max |output| (every step; inf when any output is non-finite)
     "act_mean",       # mean of the output (sampled)
