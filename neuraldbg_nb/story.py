@@ -47,8 +47,9 @@ def group(events: list[Event]) -> list[str]:
             lines.append(f"{severity}: {label} in {n} layer{'s' * (n != 1)} from step "
                          f"{first} ({names})")
         else:
-            lines.append(f"{severity}: {label} at {len(evs)} step"
-                         f"{'s' * (len(evs) != 1)} from step {first}: {evs[0].message}")
+            when = (f"at step {first}" if len(evs) == 1
+                    else f"at {len(evs)} steps from step {first}")
+            lines.append(f"{severity}: {label} {when}: {evs[0].message}")
     return lines
 
 

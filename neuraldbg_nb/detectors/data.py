@@ -27,7 +27,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     return [
         Finding("data_anomaly", "input_nonfinite", _flag(nonfinite, nonfinite > 0, ERROR),
                 col(nonfinite), per_layer=False,
-                message=lambda n, s, v, p, sev: (f"input batch has {v:.0f} non-finite values"
+                message=lambda n, s, v, p, sev: (f"input batch has {v:.0f} non-finite value{'s' * (v != 1)}"
                                                  if v < float("inf") else
                                                  "input batch has non-finite values")
                 + f" at step {s}"),
