@@ -16,11 +16,15 @@ from .events import Event
 from .run import Run
 
 MAX_COLS = 240
-MAX_CELLS = 48_000
-"""Map cells per message: with one byte a cell this keeps a live update under 64 KB."""
+MAX_CELLS = 32_000
+"""Map cells per message (one byte each): with the capped feed, a live update stays under
+64 KB."""
 LOSS_POINTS = 256
 MAX_EVENTS = 200
 MAX_MARKERS = 400
+LIVE_EVENTS = 60
+LIVE_MARKERS = 150
+"""While training the feed and markers are capped harder (the full lists come at the end)."""
 NO_DATA, HEALTHY = 0, 1
 
 
@@ -147,7 +151,8 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     tooltip (sent when the run is not training, to keep live messages small)."""
     t = run.trace
     cols = map_shape(t.n_steps, t.n_layers)
-    events, first = feed(run)
+    live = not with_values
+    events, first = feed(run, LIVE_EVENTS if live else MAX_EVENTS)
     state: dict[str, Any] = {
         "layers": t.layer_names,
         "status": run.status if run.status in ("training", "finished", "stopped") else "raised",
@@ -156,7 +161,7 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
         "map": np.ascontiguousarray(state_map(run, cols)).tobytes(),
         "map_cols": cols,
         "map_steps": [0, t.n_steps],
-        "markers": markers(run),
+        "markers": markers(run, LIVE_MARKERS if live else MAX_MARKERS),
         "events": events,
         "first_failure": first,
     }

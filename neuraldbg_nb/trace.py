@@ -156,10 +156,11 @@ class Trace:
             self._step_cols[c] = g
 
     # -- compaction -----------------------------------------------------------------
-    def compact(self, upto: int, block: int | None = None) -> None:
+    def compact(self, upto: int, block: int | None = None, max_rows: int | None = None) -> None:
         """Move the exact steps before `upto` into the history, `block` steps a row
-        (default: the history's current block size). Steps in the history can no longer
-        be re-classified; their events stay with the detection that found them."""
+        (default: the history's current block size), merging adjacent history rows while
+        there are more than `max_rows` (default `MAX_HISTORY`). Steps in the history can no
+        longer be re-classified; their events stay with the detection that found them."""
         upto = min(upto, self.n_steps)
         m = upto - self._off
         if m <= 0:
@@ -185,8 +186,20 @@ class Trace:
                 a[self._rows - m : self._rows] = np.nan
         self._rows -= m
         self._off = upto
-        while len(self._h_steps) > self.MAX_HISTORY:
+        while len(self._h_steps) > (max_rows or self.MAX_HISTORY):
             self._merge_history()
+
+    def over(self, max_bytes: int) -> bool:
+        """Whether the exact tail has outgrown `max_bytes`."""
+        return self.tail_nbytes > max_bytes
+
+    def fit(self, max_bytes: int, upto: int) -> None:
+        """Hold the trace to 1.5 x `max_bytes`: the older half of the exact tail (no step
+        at or after `upto`, which the caller still needs exactly) moves into the history,
+        whose rows are held to half of `max_bytes`."""
+        keep = max_bytes // 2 // self.row_nbytes
+        self.compact(min(self.n_steps - keep, upto),
+                     max_rows=max(64, max_bytes // 2 // self.row_nbytes))
 
     @property
     def block(self) -> int:

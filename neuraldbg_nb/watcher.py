@@ -139,15 +139,13 @@ class Watch:
             raise TrainingFailure(run)
 
     def _bound_trace(self) -> None:
-        """Keep the exact tail within `trace_mb`: when it is full, its older half moves
-        into the compacted history, once detection has read it."""
+        """Keep the trace within 1.5 x `trace_mb`: when the exact tail outgrows `trace_mb`,
+        its older half moves into the compacted history (once detection has read it),
+        whose rows are held to half of `trace_mb`."""
         t = self.run.trace
-        if t.tail_nbytes <= self.trace_bytes:
-            return
-        self.run.detection.advance(t)
-        keep = self.trace_bytes // 2 // t.row_nbytes
-        back = history_rows(self.run.thresholds)
-        t.compact(min(t.n_steps - keep, self.run.detection.steps_done - back))
+        if t.over(self.trace_bytes):
+            self.run.detection.advance(t)  # detection reads the steps before they go
+            t.fit(self.trace_bytes, self.run.detection.steps_done - history_rows(self.run.thresholds))
 
     def _capture(self, record: StepRecord, new: list) -> None:
         store = self.run.captures
@@ -243,8 +241,8 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     activations: False watches gradients, weights, the loss and the input only (the
         cheapest mode: no forward hooks do any work).
     trace_mb: memory for the exact recent steps of the trace; older steps are compacted
-        into blocks (events found on them are kept exactly), so a run of any length
-        stays within about trace_mb plus 4096 history rows.
+        into blocks (events found on them are kept exactly) held to half as much, so a
+        run of any length stays within 1.5 x trace_mb.
     report: print the text summary at exit (default: outside notebooks).
     """
     return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,

@@ -78,7 +78,8 @@ def test_live_messages_stay_small_however_long_the_run() -> None:
         run = synthetic_run(steps, 100, jump_at=(40, steps // 2))
         run.status = "training"
         state = serialize.panel_state(run, with_values=False)
-        size = sum(len(v) if isinstance(v, bytes) else len(json.dumps(v)) for v in state.values())
+        size = sum(len(v) if isinstance(v, bytes) else len(json.dumps(v))
+                   for k, v in state.items() if k != "layers")  # names go once
         assert size < 64_000, f"{steps} steps: a live update is {size} bytes"
 
 
@@ -168,7 +169,7 @@ def test_long_run_is_compacted_within_its_budget_and_keeps_its_events() -> None:
         w._bound_trace()
     assert t.full_from > fault, "the fault's steps should have been compacted"
     assert t.tail_nbytes <= 2**20
-    assert t.nbytes <= 2**20 + (t.MAX_HISTORY + 1) * t.row_nbytes
+    assert t.nbytes <= 1.5 * 2**20 + t.row_nbytes
     w.run.status = "finished"
     ff = w.run.first_failure
     assert (ff.layer, ff.step, ff.kind) == ("l12", fault, "regime_shift")
