@@ -28,7 +28,6 @@ class Kind(str, enum.Enum):
         return self.value
 
 
-SEVERITIES = ("info", "warning", "error")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ MAX_MARKERS = 400
 LIVE_EVENTS = 60
 LIVE_MARKERS = 150
 """While training the feed and markers are capped harder (the full lists come at the end)."""
-NO_DATA, HEALTHY = 0, 1
+NO_DATA = 0
 
 
 def map_shape(n_steps: int, n_layers: int) -> int:
