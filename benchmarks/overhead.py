@@ -1,7 +1,7 @@
 """Overhead of watching a training: step time watched / step time plain.
 
     python benchmarks/overhead.py                 # full: 7 rounds x 20 steps per config
-    python benchmarks/overhead.py --quick         # CI: 2 rounds x 4 steps, well under a minute
+    python benchmarks/overhead.py --quick         # CI: 2 rounds x 3 steps, well under a minute
     python benchmarks/overhead.py --models mlp,cnn --rounds 9 --steps 30 --markdown
 
 Every configuration trains the same model with the same AdamW optimizer in one process.
@@ -310,18 +310,18 @@ def fmt_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short run for CI (2 rounds x 4 steps)")
+    ap.add_argument("--quick", action="store_true", help="short run for CI (2 rounds x 3 steps)")
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated, from {','.join(MODELS)} (default: all)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 7, quick 2)")
-    ap.add_argument("--steps", type=int, help="timed steps per config per round (default 20, quick 4)")
-    ap.add_argument("--warmup", type=int, help="untimed steps per config first (default 10, quick 2)")
+    ap.add_argument("--steps", type=int, help="timed steps per config per round (default 20, quick 3)")
+    ap.add_argument("--warmup", type=int, help="untimed steps per config first (default 10, quick 1)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 7)
-    steps = args.steps or (4 if args.quick else 20)
-    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 10)
+    steps = args.steps or (3 if args.quick else 20)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
