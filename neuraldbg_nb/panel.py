@@ -91,6 +91,7 @@ class Panel(anywidget.AnyWidget):
         if run.status != "training":
             self.push(force=True)
             _warm_charts()
+            run.prepare_reclassify()  # so that the first slider move is as fast as the next
             return
         self.push()
 

@@ -10,6 +10,7 @@ one transfer and become one trace row. What the numbers mean is decided elsewher
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -89,6 +90,7 @@ class _Candidate:
     module: nn.Module
     role: str
     bounds: tuple[float, float] | None
+    index: int = -1  # the trace's layer index, given at the first call (forward order)
 
 
 class Probe:
@@ -111,6 +113,8 @@ class Probe:
         self._cand: dict[int, _Candidate] = {}
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
+        self._params_cache: list[tuple[str, nn.Parameter, int]] = []
+        self._slices: dict[int, tuple[int, int, torch.Tensor]] = {}  # id -> (ptr, numel, view)
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
         self.compiled_seen = False
@@ -129,21 +133,26 @@ class Probe:
 
     # -- lifecycle ------------------------------------------------------------------
     def attach(self) -> None:
-        """Install the hooks. Global forward hooks run on every module call in the
-        process, so only what is needed goes in: the pre-hook only to discover models
-        (no model given), the post-hook only to summarise activations."""
+        """Install the hooks. A global forward hook would take every module call in the
+        process off PyTorch's fast path, containers and other models included, so
+        activations are heard through a hook on each layer; the only global module hook is
+        the pre-hook that discovers models when none was given."""
         self._handles = [
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]
         if not self._given:
             self._handles.append(nn_module.register_module_forward_pre_hook(self._pre))
-        if self.activations:
-            self._handles.append(
-                nn_module.register_module_forward_hook(self._post, always_call=True))
         for root in self._root_modules:
             self._hook_root(root)
+        self._hook_layers(list(self._cand.values()))
         self._unsubscribe = loss_tap.subscribe(self._on_backward)
+
+    def _hook_layers(self, layers: list[_Candidate]) -> None:
+        if self.activations:
+            for c in layers:
+                self._handles.append(
+                    c.module.register_forward_hook(functools.partial(self._post, c)))
 
     def _hook_root(self, root: nn.Module) -> None:
         """Per-root hooks (they see keyword arguments, global hooks do not): the input
@@ -172,28 +181,32 @@ class Probe:
         return bool(self._handles)
 
     # -- roots and layers -----------------------------------------------------------
-    def _add_root(self, root: nn.Module, prefix: str) -> None:
+    def _add_root(self, root: nn.Module, prefix: str) -> list[_Candidate]:
+        """Register root's layers and parameters; the layers that are new."""
         self._roots.add(id(root))
         self._root_modules.append(root)
         inner = getattr(root, "_orig_mod", None)  # torch.compile's OptimizedModule
         if isinstance(inner, nn.Module):
             root = inner
         seen = {id(p) for _, p, _ in self._owners}
+        new = []
         for name, m in iter_layers(root, prefix):
             if id(m) in self._cand:
                 continue
-            self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m))
+            c = self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m))
+            new.append(c)
             for pname, p in m.named_parameters(recurse=False):
                 if id(p) not in seen:
                     seen.add(id(p))
                     self._owners.append((f"{name}.{pname}", p, id(m)))
+        return new
 
     def _layer(self, mid: int) -> int:
         idx = self._index.get(mid)
         if idx is None:
             c = self._cand[mid]
-            idx = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
-                                       bool(own_params(c.module)))
+            idx = c.index = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
+                                                 bool(own_params(c.module)))
             self._index[mid] = idx
         return idx
 
@@ -212,8 +225,9 @@ class Probe:
         if mid not in self._roots and not self._given and self._root_depth == 0 \
                 and mid not in self._cand and next(module.parameters(), None) is not None:
             n = len(self._root_modules)
-            self._add_root(module, "" if n == 0 else f"{type(module).__name__}{n}.")
+            new = self._add_root(module, "" if n == 0 else f"{type(module).__name__}{n}.")
             self._hook_root(module)  # from the next call on; this one is recorded here
+            self._hook_layers(new)  # the layers' hooks hear this call already
             self._root_pre(module, args, {})
         if mid in self._cand and mid not in self._index:
             self._layer(mid)
@@ -226,30 +240,28 @@ class Probe:
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
         self._root_depth = max(0, self._root_depth - 1)
 
-    def _post(self, module: nn.Module, args: tuple, output: object) -> None:
+    def _post(self, c: _Candidate, module: nn.Module, args: tuple, output: object) -> None:
+        """A layer's forward hook: the cheap path (min and max, kept on the device until
+        the step closes), and the rich statistics on sampled steps."""
         if torch.compiler.is_compiling():
             self.compiled_seen = True
-            return
-        c = self._cand.get(id(module))
-        if c is None or not self.activations:
             return
         y = first_tensor(output)
         if y is None or y.numel() == 0:
             return
-        idx = self._layer(id(module))
+        idx = c.index if c.index >= 0 else self._layer(id(module))
         y = y.detach()
-        sc = self._sc
-        mn, mx = stats.min_max(y, sc)
+        mn, mx = torch.aminmax(y)
         self._c_idx.append(idx)
         self._c_mn.append(mn)
         self._c_mx.append(mx)
         if self._sampled:
             t0 = time.perf_counter()
-            self._rich.append((idx, y.numel(), stats.rich_activation(y, c.role, c.bounds, sc)))
+            self._rich.append((idx, y.numel(),
+                               stats.rich_activation(y, c.role, c.bounds, self._sc)))
             self.sampler.spent += time.perf_counter() - t0
-        if self._hold:
-            x = first_tensor(args)
-            self._refs[idx] = (None if x is None else x.detach(), y)
+        if self._hold:  # the capture store detaches what it copies
+            self._refs[idx] = (first_tensor(args), y)
 
     def _record_input(self, args: tuple, kwargs: dict) -> None:
         found = first_tensor(args, floating=False)
@@ -303,8 +315,8 @@ class Probe:
     # -- the step boundary -------------------------------------------------------------
     def _reset_step(self) -> None:
         self._c_idx: list[int] = []
-        self._c_mn: list[int] = []
-        self._c_mx: list[int] = []
+        self._c_mn: list[torch.Tensor] = []
+        self._c_mx: list[torch.Tensor] = []
         self._rich: list[tuple[int, int, tuple[int, ...]]] = []
         self._inputs: list[tuple[dict[str, int], int]] = []
         self._losses: list[int] = []
@@ -314,13 +326,32 @@ class Probe:
         self._batch = None
 
     def _params(self) -> list[tuple[str, nn.Parameter, int]]:
-        return [(name, p, self._layer(mid)) for name, p, mid in self._owners]
+        """(name, parameter, layer index) of every watched parameter; rebuilt only when
+        a model is discovered."""
+        if len(self._params_cache) != len(self._owners):
+            self._params_cache = [(name, p, self._layer(mid)) for name, p, mid in self._owners]
+        return self._params_cache
+
+    def _weight_slices(self, weights: list[nn.Parameter]) -> list[torch.Tensor]:
+        """The first `WEIGHT_PROBE` elements of each weight, as views kept from step to
+        step (checked against the storage, so `p.data = ...` is followed)."""
+        out = []
+        for p in weights:
+            ptr, numel = p.data_ptr(), p.numel()
+            kept = self._slices.get(id(p))
+            if kept is None or kept[0] != ptr or kept[1] != numel:
+                w = p.detach()
+                view = w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else w
+                kept = self._slices[id(p)] = (ptr, numel, view)
+            out.append(kept[2])
+        return out
 
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
         sc = self._sc
         params = self._params()
         with_grad = [(p.grad, idx) for _, p, idx in params if p.grad is not None]
         g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
+        p_mn, p_mx = sc.extend(self._c_mn), sc.extend(self._c_mx)
         lr_host, lr_pos = math.nan, -1
         if opt is not None and opt.param_groups:
             lr = opt.param_groups[0].get("lr", math.nan)
@@ -333,7 +364,8 @@ class Probe:
         step = self.trace.n_steps
         n = self.trace.n_layers
         row: dict[str, np.ndarray] = {}
-        row["act_absmax"] = self._absmax(v, n)
+        row["act_absmax"] = self._absmax(v[p_mn:p_mn + len(self._c_mn)],
+                                         v[p_mx:p_mx + len(self._c_mx)], n)
         if self._rich:
             row.update(self._rich_columns(v, n))
         row["grad_norm"] = _layer_norms(v, g_pos, [i for _, i in with_grad], n)
@@ -355,7 +387,8 @@ class Probe:
         self.trace.append(row, scalars)
 
         if self._sampled and opt is not None:
-            self._before = [p.detach().clone() for _, p, _ in params if p.requires_grad]
+            live = [p for _, p, _ in params if p.requires_grad]
+            self._before = [w.clone() for w in self._weight_slices(live)]
         record = StepRecord(step, self._refs, self._batch, params)
         self._sampled = self.sampler.next(step, self._sampled)
         refs = self._refs
@@ -369,20 +402,23 @@ class Probe:
         """After the primary optimizer's update: the weight probe (every step) and the
         update size (sampled steps), sent with the next step's transfer.
 
-        The probe is the norm of the first `WEIGHT_PROBE` elements of each weight tensor:
-        an update that moves weights by more than their size (a bad learning rate, an
-        in-place edit) moves every part of them, and reading a fixed slice instead of all
-        the weights every step saves a full pass over the parameters."""
+        Both read the first `WEIGHT_PROBE` elements of each weight tensor: an update that
+        moves weights by more than their size (a bad learning rate, an in-place edit)
+        moves every part of them, and a fixed slice costs the same for a small layer and a
+        large one, where reading all the weights would be a full pass over the model."""
         live = [(p, idx) for _, p, idx in self._params() if p.requires_grad]
-        weights = [p.detach() for p, _ in live]
         idx = [i for _, i in live]
-        probes = [w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else w for w in weights]
-        self._pending_post = (stats.grouped_norms(probes, self._sc), idx)
-        if self._before is not None and len(self._before) == len(weights):
-            diffs = torch._foreach_sub(weights, self._before) if weights else []
-            self._pending_update = (stats.grouped_norms(list(diffs), self._sc),
-                                    stats.grouped_norms(self._before, self._sc), idx)
-        self._before = None
+        probes = self._weight_slices([p for p, _ in live])
+        before, self._before = self._before, None
+        if before is not None and len(before) == len(probes) and all(
+                a.shape == b.shape for a, b in zip(before, probes)):
+            diffs = list(torch._foreach_sub(probes, before)) if probes else []
+            pos = stats.grouped_norms(probes + diffs + before, self._sc)
+            k = len(probes)
+            self._pending_post = (pos[:k], idx)
+            self._pending_update = (pos[k:2 * k], pos[2 * k:], idx)
+        else:
+            self._pending_post = (stats.grouped_norms(probes, self._sc), idx)
 
     def flush(self) -> None:
         """At exit: move the last update's weight norms into the last row."""
@@ -404,11 +440,11 @@ class Probe:
         self._close(None)
 
     # -- host-side assembly ---------------------------------------------------------
-    def _absmax(self, v: np.ndarray, n: int) -> np.ndarray:
+    def _absmax(self, mins: np.ndarray, maxs: np.ndarray, n: int) -> np.ndarray:
         out = np.full(n, np.nan, np.float32)
         if not self._c_idx:
             return out
-        a = np.maximum(np.abs(v[self._c_mn]), np.abs(v[self._c_mx]))
+        a = np.maximum(np.abs(mins), np.abs(maxs))
         a[~np.isfinite(a)] = np.inf
         acc = np.full(n, -1.0)
         np.maximum.at(acc, np.asarray(self._c_idx), a)
@@ -416,22 +452,25 @@ class Probe:
         return out
 
     def _rich_columns(self, v: np.ndarray, n: int) -> dict[str, np.ndarray]:
-        tot = np.zeros((n, 8))  # numel, sum, sumsq, nonzero, finite, dead, units, sat
+        # numel, sum, sumsq, zeros, counted, non-finite, dead, units, saturated
+        tot = np.zeros((n, 9))
         has_dead = np.zeros(n, bool)
         has_sat = np.zeros(n, bool)
-        for idx, numel, (p_sum, p_norm, p_nz, p_fin, p_dead, p_sat, units) in self._rich:
+        for idx, numel, (p_sum, p_norm, p_zero, p_bad, p_dead, p_sat, units, counted) \
+                in self._rich:
             t = tot[idx]
             t[0] += numel
             t[1] += v[p_sum]
             t[2] += v[p_norm] ** 2
-            t[3] += v[p_nz]
-            t[4] += v[p_fin]
+            t[3] += v[p_zero]
+            t[4] += counted
+            t[5] += v[p_bad]
             if p_dead >= 0:
-                t[5] += v[p_dead]
-                t[6] += units
+                t[6] += v[p_dead]
+                t[7] += units
                 has_dead[idx] = True
             if p_sat >= 0:
-                t[7] += v[p_sat]
+                t[8] += v[p_sat]
                 has_sat[idx] = True
         counts = tot[:, 0]
         seen = counts > 0
@@ -440,10 +479,10 @@ class Probe:
             std = np.sqrt(np.maximum(tot[:, 2] / counts - mean ** 2, 0.0))
             cols = {
                 "act_mean": mean, "act_std": std,
-                "zero_frac": 1.0 - tot[:, 3] / counts,
-                "act_nonfinite": counts - tot[:, 4],
-                "dead_frac": np.where(has_dead & (tot[:, 6] > 0), tot[:, 5] / tot[:, 6], np.nan),
-                "sat_frac": np.where(has_sat, tot[:, 7] / counts, np.nan),
+                "zero_frac": tot[:, 3] / tot[:, 4],
+                "act_nonfinite": tot[:, 5],
+                "dead_frac": np.where(has_dead & (tot[:, 7] > 0), tot[:, 6] / tot[:, 7], np.nan),
+                "sat_frac": np.where(has_sat, tot[:, 8] / tot[:, 4], np.nan),
             }
         return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
 

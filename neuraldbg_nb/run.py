@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import story
 from .capture import CaptureStore
-from .detectors import Detection, StateMap, first_failure, symptoms
+from .detectors import BaselineCache, Detection, StateMap, first_failure, keep_baselines, symptoms
 from .events import Event
 from .thresholds import Thresholds
 from .trace import Trace
@@ -59,6 +59,10 @@ class Run:
         """Plain-language notes about what could not be watched (compiled code, ...)."""
         self._probe: Any = None
         self._listeners: list[Callable[[Run, list[Event]], None]] = []
+        self._baselines = BaselineCache()
+        """What re-classifying this trace computes once (the trailing baselines), shared
+        with the runs re-classified from this one; empty until the first `reclassify` or
+        `prepare_reclassify`."""
         if detection is None:
             self.detection.advance(trace)
 
@@ -95,15 +99,25 @@ class Run:
         very long run whose oldest steps were compacted (`trace.full_from > 0`), those steps
         keep the events found live and only the exact tail is judged again.
         `run.reclassify(vanish=1e-5)` changes one setting of the current thresholds.
+        The trailing baselines of the trace are computed once and kept (`BaselineCache`)
+        until the trace changes, so moving a slider again re-grades them.
         """
         th = (thresholds or self.thresholds).with_(**changes)
         start = self.trace.full_from  # compacted steps keep the events found live
         kept = [e for e in self.events if e.step < start]
-        other = Run(self.trace, th, self.captures, Detection(th, start, kept))
+        other = Run(self.trace, th, self.captures,
+                    Detection(th, start, kept, baselines=self._baselines))
+        other._baselines = self._baselines
         other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
         other.selected = self.selected
         return other
+
+    def prepare_reclassify(self) -> None:
+        """Compute now what re-classifying this run needs whatever the slider thresholds
+        (the trailing baselines, kept until the trace changes), so that the first
+        `reclassify` is as fast as the next. The panel calls it when training ends."""
+        keep_baselines(self.trace, self.thresholds, self._baselines)
 
     # -- inspection -------------------------------------------------------------------
     def inspect(self, event: Event | str | None = None, step: int | None = None) -> Capture:

@@ -23,7 +23,8 @@ LAYER_COLUMNS: tuple[str, ...] = (
     "grad_norm",      # norm of the layer's own parameter gradients (weight and bias together)
     "param_norm",     # norm of the layer's weights after this step's update (of the first
                       # 4096 elements of each tensor: the exact norm of smaller layers)
-    "update_ratio",   # |w_after - w_before| / |w_before| of this step's update (sampled)
+    "update_ratio",   # |w_after - w_before| / |w_before| of this step's update (sampled;
+                      # of the same slice as param_norm)
     "act_absmax",     # max |output| (every step; inf when any output is non-finite)
     "act_mean",       # mean of the output (sampled)
     "act_std",        # std of the output (sampled)
@@ -77,6 +78,7 @@ class Trace:
         self._h_steps = np.zeros(0, np.int64)
         self._h_layer = {c: self._blank(0, 0) for c in LAYER_COLUMNS}
         self._h_step = {c: np.zeros(0) for c in STEP_COLUMNS}
+        self._version = 0
 
     @staticmethod
     def _blank(steps: int, layers: int) -> np.ndarray:
@@ -92,6 +94,7 @@ class Trace:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.layers.append(LayerInfo(name, type_, role, has_params))
+        self._version += 1
         self._index[name] = len(self.layers) - 1
         for cols in (self._layer_cols, self._h_layer):
             for c, a in cols.items():
@@ -121,6 +124,13 @@ class Trace:
         """First step still held exactly (0 unless the trace was compacted)."""
         return self._off
 
+    @property
+    def version(self) -> int:
+        """Counts the changes to the recorded numbers (a step appended or filled in late, a
+        layer added, a compaction): what is derived from the trace at one version holds
+        while the version does. Writing into the arrays that `col` returns is not counted."""
+        return self._version
+
     # -- rows -----------------------------------------------------------------------
     def append(self, layer_values: dict[str, np.ndarray], scalars: dict[str, float]) -> int:
         """Add one step; columns not given stay NaN. Returns the step index."""
@@ -132,6 +142,7 @@ class Trace:
         for name, x in scalars.items():
             self._step_cols[name][r] = x
         self._rows += 1
+        self._version += 1
         return self._off + r
 
     def set_layer_values(self, column: str, step: int, values: np.ndarray) -> None:
@@ -143,6 +154,7 @@ class Trace:
         row = self._layer_cols[column][step - self._off]
         keep = ~np.isnan(values)
         row[: len(values)][keep] = values[keep]
+        self._version += 1
 
     def _grow(self) -> None:
         self._cap *= 2
@@ -186,6 +198,7 @@ class Trace:
                 a[self._rows - m : self._rows] = np.nan
         self._rows -= m
         self._off = upto
+        self._version += 1
         while len(self._h_steps) > (max_rows or self.MAX_HISTORY):
             self._merge_history()
 
@@ -310,6 +323,7 @@ class Trace:
             for c in STEP_COLUMNS:
                 t._step_cols[c][:n] = z[f"step__{c}"]
             t._rows = n
+            t._version += 1
             if "h_steps" in z:
                 t._off = int(z["offset"][0])
                 t._h_steps = z["h_steps"]

@@ -102,6 +102,7 @@ def test_updates_are_throttled_while_training() -> None:
     assert run.trace.n_steps == 1500
     assert len(pushes) <= elapsed * MAX_RATE + 2, (len(pushes), elapsed)
     assert pushes[-1] == 1500  # the final state is always sent
+    assert len(run._baselines) > 0, "the sliders' baselines should be ready when training ends"
 
 
 def test_slider_move_reclassifies_without_training() -> None:

@@ -15,6 +15,7 @@ from ..events import Event
 from ..thresholds import Thresholds
 from ..trace import Trace
 from . import activations, data, gradients, loss, regime, updates
+from ._baseline import BaselineCache
 from ._scan import Carry, Finding, scan
 from .rootcause import first_failure, symptoms
 from .states import StateMap
@@ -52,10 +53,14 @@ class Detection:
     """Events of a trace so far; `advance` reads the steps recorded since the last call."""
 
     def __init__(self, thresholds: Thresholds, start: int = 0,
-                 kept: list[Event] | None = None) -> None:
+                 kept: list[Event] | None = None,
+                 baselines: BaselineCache | None = None) -> None:
         """`start`: the first step to scan (a compacted trace is scanned from its exact
-        tail on); `kept`: events of earlier steps carried over as they are."""
+        tail on); `kept`: events of earlier steps carried over as they are; `baselines`:
+        a cache shared by the re-classifications of one trace (the events are the same
+        without it; a live run, which scans each step once, goes without)."""
         self.thresholds = thresholds
+        self.baselines = baselines
         self.kept = list(kept or [])
         self._events: list[Event] = []
         self._sorted: list[Event] | None = None
@@ -73,7 +78,11 @@ class Detection:
                  for info in trace.layers]
         for detector, need in DETECTORS:
             lo = max(trace.full_from, start - need(th))
-            for f in detector(trace, lo, stop, th):
+            if detector is regime.findings:  # keeps its trailing baselines in the cache
+                found = regime.findings(trace, lo, stop, th, self.baselines)
+            else:
+                found = detector(trace, lo, stop, th)
+            for f in found:
                 rows = slice(start - lo, None)
                 chunk = replace(f, codes=f.codes[rows], values=f.values[rows],
                                 previous=None if f.previous is None else f.previous[rows])
@@ -101,6 +110,13 @@ def _order(e: Event) -> tuple[int, int, str]:
     return (e.step, e.order, e.kind)
 
 
+def keep_baselines(trace: Trace, thresholds: Thresholds, baselines: BaselineCache) -> None:
+    """Compute into `baselines` what every re-classification of the trace's exact tail
+    shares under the baseline settings of `thresholds` (`window`, `warmup`, `noise`), so
+    that the first one is as fast as the next."""
+    regime.findings(trace, trace.full_from, trace.n_steps, thresholds, baselines)
+
+
 def detect(trace: Trace, thresholds: Thresholds | None = None
            ) -> tuple[StateMap, list[Event]]:
     """States and events of a recorded trace under `thresholds`."""
@@ -110,5 +126,5 @@ def detect(trace: Trace, thresholds: Thresholds | None = None
     return StateMap(events, trace.n_steps, trace.n_layers), events
 
 
-__all__ = ["DETECTORS", "Detection", "SampledWake", "StateMap", "detect", "first_failure",
-           "history_rows", "symptoms", "wake"]
+__all__ = ["DETECTORS", "BaselineCache", "Detection", "SampledWake", "StateMap", "detect",
+           "first_failure", "history_rows", "keep_baselines", "symptoms", "wake"]

@@ -76,13 +76,49 @@ class Carry:
             setattr(self, name, np.concatenate([old, np.full(extra, value, old.dtype)]))
 
 
+def grade(observed: np.ndarray, *levels: tuple[np.ndarray, int]) -> np.ndarray:
+    """Codes from masks: HOLD where not `observed`; elsewhere the code of the last of
+    `levels` (mask, code) whose mask holds there, OK where none does."""
+    codes = observed.view(np.int8) - np.int8(1)
+    for mask, code in levels:
+        np.copyto(codes, np.int8(code), where=mask & observed)
+    return codes
+
+
 def forward_fill(codes: np.ndarray, initial: np.ndarray) -> np.ndarray:
     """Replace HOLD by the last observed code above it (or `initial` for leading HOLDs)."""
     n, c = codes.shape
-    rows = np.where(codes >= 0, np.arange(n)[:, None], -1)
+    rows = np.where(codes >= 0, np.arange(n, dtype=np.int32)[:, None], np.int32(-1))
     np.maximum.accumulate(rows, axis=0, out=rows)
     picked = codes[np.maximum(rows, 0), np.arange(c)[None, :]]
     return np.where(rows >= 0, picked, initial[None, :]).astype(np.int8)
+
+
+def last_ok_rows(codes: np.ndarray, values: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """For each of the columns `cols` (sorted, unique), the last row whose value was
+    observed healthy (code OK, value not NaN), or -1. Searched backwards in growing blocks,
+    so a column healthy at its last row costs one cell, not a pass over the chunk."""
+    n = len(codes)
+    if n <= 64:  # a live chunk: one pass
+        ok = (codes[:, cols] == OK) & ~np.isnan(values[:, cols])
+        return np.where(ok.any(0), n - 1 - np.argmax(ok[::-1], axis=0), -1)
+    row = np.full(len(cols), -1, np.int64)
+    todo = np.arange(len(cols))
+    hi, size, pruned = n, 1, False
+    while len(todo) and hi > 0:
+        c = cols[todo]
+        if size > 64 and not pruned:  # not in the last rows: skip the never-healthy columns
+            pruned = True
+            rest = codes[:hi] if len(c) == codes.shape[1] else codes[:hi, c]
+            todo = todo[(rest == OK).any(0)]
+            continue
+        lo = max(hi - size, 0)
+        ok = (codes[lo:hi, c] == OK) & ~np.isnan(values[lo:hi, c])
+        found = ok.any(0)
+        row[todo[found]] = (hi - 1 - np.argmax(ok[::-1], axis=0))[found]
+        todo = todo[~found]
+        hi, size = lo, size * 8
+    return row
 
 
 def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]],
@@ -101,22 +137,20 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
     # steady columns: the run goes on; only the last healthy value can change
     quiet = np.flatnonzero(steady)
     carry.length[quiet] += n
-    ok_seen = (f.codes[:, quiet] == OK) & ~np.isnan(f.values[:, quiet])
-    has = ok_seen.any(0)
-    last_row = n - 1 - np.argmax(ok_seen[::-1], axis=0)
-    carry.last_ok[quiet[has]] = f.values[last_row[has], quiet[has]]
+    row = last_ok_rows(f.codes, f.values, quiet)
+    has = row >= 0
+    carry.last_ok[quiet[has]] = f.values[row[has], quiet[has]]
 
     moving = np.flatnonzero(~steady)
     if len(moving):
-        filled = forward_fill(f.codes[:, moving], carry.code[moving])
+        filled = np.ascontiguousarray(forward_fill(f.codes[:, moving], carry.code[moving]).T)
         for i, j in enumerate(moving.tolist()):
-            _walk(f, carry, j, filled[:, i], first_step, names, exit_patience, events)
+            _walk(f, carry, j, filled[i], first_step, names, exit_patience, events)
 
 
 def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
           names: list[tuple[str, str]], exit_patience: int, events: list[Event]) -> None:
     values = f.values[:, j]
-    observed = f.codes[:, j]
     bounds = np.flatnonzero(np.diff(col)) + 1
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [len(col)]])
@@ -147,10 +181,11 @@ def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
                 events.append(Event(at, name, "recovery", "info",
                                     f.recovery(label, at, value, failed, "info"),
                                     value, failed, f.signal, at, j if f.per_layer else -1))
-        if k == OK:
-            seg_ok = (observed[a:b] == OK) & ~np.isnan(values[a:b])
-            if seg_ok.any():
-                carry.last_ok[j] = values[a:b][seg_ok][-1]
+        if k == OK:  # the last healthy value: most often the segment's last row
+            last = b - 1 if f.codes[b - 1, j] == OK and not np.isnan(values[b - 1]) else \
+                a + int(last_ok_rows(f.codes[a:b], f.values[a:b], np.array([j]))[0])
+            if last >= a:
+                carry.last_ok[j] = values[last]
 
 
 def _close(events: list[Event], carry: Carry, j: int, at: int) -> None:

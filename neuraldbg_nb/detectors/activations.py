@@ -12,27 +12,25 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, HOLD, OK, WARNING, Finding, fmt
+from ._scan import ERROR, WARNING, Finding, fmt, grade
 
 DEAD_ERROR = 0.9
 """Fraction of dead units that is an error rather than a warning (or `dead`, if higher)."""
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
-    a = trace.col("act_absmax", lo, stop).astype(np.float64)
+    a = trace.col("act_absmax", lo, stop)
     roles = trace.roles
-    nonfinite = np.where(np.isnan(a), HOLD, np.where(np.isfinite(a), OK, ERROR)).astype(np.int8)
+    nonfinite = grade(~np.isnan(a), (np.isinf(a), ERROR))
 
     dead = trace.col("dead_frac", lo, stop).astype(np.float64)
     relu = (roles == "relu")[None, :]
-    dead_codes = np.where(~relu | np.isnan(dead), HOLD,
-                          np.where(dead >= max(th.dead, DEAD_ERROR), ERROR,
-                                   np.where(dead >= th.dead, WARNING, OK))).astype(np.int8)
+    dead_codes = grade(relu & ~np.isnan(dead), (dead >= th.dead, WARNING),
+                       (dead >= max(th.dead, DEAD_ERROR), ERROR))
 
     sat = trace.col("sat_frac", lo, stop).astype(np.float64)
     bounded = (roles == "bounded")[None, :]
-    sat_codes = np.where(~bounded | np.isnan(sat), HOLD,
-                         np.where(sat >= th.saturated, WARNING, OK)).astype(np.int8)
+    sat_codes = grade(bounded & ~np.isnan(sat), (sat >= th.saturated, WARNING))
     return [
         Finding("nonfinite_activation", "activation", nonfinite, a, sticky=True,
                 message=lambda n, s, v, p, sev: f"{n}: activations became non-finite at step "

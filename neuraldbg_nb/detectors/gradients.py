@@ -8,15 +8,15 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, HOLD, OK, Finding, fmt
+from ._scan import ERROR, Finding, fmt, grade
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     finite = np.isfinite(g)
-    nonfinite = np.where(np.isnan(g), HOLD, np.where(finite, OK, ERROR)).astype(np.int8)
-    exploding = np.where(finite, np.where(g > th.explode, ERROR, OK), HOLD).astype(np.int8)
-    vanishing = np.where(finite, np.where(g < th.vanish, ERROR, OK), HOLD).astype(np.int8)
+    nonfinite = grade(~np.isnan(g), (~finite, ERROR))
+    exploding = grade(finite, (g > th.explode, ERROR))
+    vanishing = grade(finite, (g < th.vanish, ERROR))
     return [
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "

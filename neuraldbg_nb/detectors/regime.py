@@ -13,25 +13,35 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import log_level, shift_beyond
-from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, Message, fmt
+from ._baseline import BaselineCache, Jumps, find_jumps
+from ._scan import ERROR, INFO, WARNING, Finding, Message, fmt
 
 
-def shift_codes(values: np.ndarray, th: Thresholds, loud: bool
-                ) -> tuple[np.ndarray, np.ndarray]:
+def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
+                jumps: Jumps | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(codes, baseline level) of a jump against each column's own recent history.
 
     Loud signals (activations, the input) warn from `jump` and are errors from
     `jump_error`; quiet ones (gradients, which jump as a symptom of almost anything and
     swing by decades on healthy batches near a perfect fit) are info from `jump` and
-    warnings from `jump_error`."""
-    shift, base = shift_beyond(log_level(values), th.window, th.warmup, th.noise)
-    known = ~np.isnan(shift)
-    codes = np.full(values.shape, HOLD, np.int8)
-    codes[known] = OK
-    codes[known & (shift >= np.log10(th.jump))] = WARNING if loud else INFO
-    codes[known & (shift >= np.log10(max(th.jump, th.jump_error)))] = ERROR if loud else WARNING
-    return codes, 10.0 ** base
+    warnings from `jump_error`. The level is given where a jump stands out of the noise
+    (NaN elsewhere: an event reads it only at a step where a jump starts). `jumps`: the
+    series' `find_jumps` under these thresholds' baseline settings, if already known."""
+    if jumps is None:
+        jumps = find_jumps(values, *baseline_settings(th))
+    codes = jumps.judged.copy()
+    flat = codes.reshape(-1)
+    flat[jumps.at[jumps.shift >= np.log10(th.jump)]] = WARNING if loud else INFO
+    flat[jumps.at[jumps.shift >= np.log10(max(th.jump, th.jump_error))]] = (
+        ERROR if loud else WARNING)
+    level = np.full(codes.shape, np.nan)
+    level.reshape(-1)[jumps.at] = jumps.level
+    return codes, level
+
+
+def baseline_settings(th: Thresholds) -> tuple[int, int, float, bool]:
+    """The arguments of `find_jumps` under `th`: the only settings its result depends on."""
+    return th.window, th.warmup, th.noise, th.jump <= 1
 
 
 def describe(what: str) -> Message:
@@ -45,11 +55,22 @@ def describe(what: str) -> Message:
     return message
 
 
-def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
-    act = trace.col("act_absmax", lo, stop).astype(np.float64)
-    grad = trace.col("grad_norm", lo, stop).astype(np.float64)
-    act_codes, act_base = shift_codes(act, th, loud=True)
-    grad_codes, grad_base = shift_codes(grad, th, loud=False)
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
+             baselines: BaselineCache | None = None) -> list[Finding]:
+    """`baselines`: where to keep the threshold-free part (`Jumps`) for the next call on
+    the same trace and steps (a re-classification); the result is the same without."""
+    act = trace.col("act_absmax", lo, stop)  # float32: the sums are taken in float64
+    grad = trace.col("grad_norm", lo, stop)
+
+    def jumps(name: str, values: np.ndarray) -> Jumps | None:
+        settings = baseline_settings(th)
+        if baselines is None or settings[-1]:  # a jump of 1x or less lists every cell: not kept
+            return None
+        return baselines.get(trace, (name, lo, stop, *settings),
+                             lambda: find_jumps(values, *settings))
+
+    act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
+    grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
     return [
         Finding("regime_shift", "activation", act_codes, act, previous=act_base,
                 message=describe("activations (abs-max)")),

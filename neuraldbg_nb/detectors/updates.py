@@ -2,7 +2,7 @@
 
 This is where a bad learning rate shows first: the step's gradients can be ordinary, but
 the update that follows moves the weights by more than they weigh. Read from the weight
-norm after each update (every step) and the exact update size (sampled steps); the row
+norm after each update (every step) and the update's own size (sampled steps); the row
 that sees it is the step after the update, hence `step_offset=-1`. Weights edited in place
 between two updates (a bug, a bad checkpoint merge) show here too, in the step whose
 forward first uses them.
@@ -14,7 +14,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, HOLD, INFO, OK, Finding, fmt
+from ._scan import ERROR, HOLD, INFO, OK, Finding, fmt, grade
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
@@ -33,8 +33,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)
     blown = ~np.isfinite(after) & ~np.isnan(after)
-    codes = np.where(np.isnan(change) & ~blown, HOLD,
-                     np.where(blown | (change >= th.max_update), ERROR, OK)).astype(np.int8)
+    codes = grade(~np.isnan(change) | blown, (blown | (change >= th.max_update), ERROR))
     lr_at = np.full(n, np.nan)      # learning rate of the update judged at row t
     lr_prev = np.full(n, np.nan)
     lr_at[1:] = lr[:-1]
