@@ -1,4 +1,6 @@
-"""A throwaway JupyterLab server for the real-browser test.
+"""A throwaway Jupyter server for the real-browser test, and what differs between the two
+front ends it serves: JupyterLab 4 (`/lab`) and Notebook 7 (`/notebooks`, `/tree`; the
+`notebook` server extension, enabled when the package is installed).
 
 Loopback only, a free port, a token, and every Jupyter/IPython directory isolated in a
 temporary folder (nothing is written to ~/.local, ~/.jupyter or ~/.ipython). The kernel is
@@ -9,6 +11,8 @@ process group, and `stop()` ends the group, kernels included.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import secrets
@@ -20,6 +24,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # JupyterLab settings for a test: every cell stays in the DOM (no virtual windowing), and
 # no news or update popups cover the cells.
@@ -38,9 +43,60 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def missing_requirements() -> list[str]:
-    """What the browser test needs and this machine lacks, each with how to install it."""
+@dataclass(frozen=True)
+class UI:
+    """One Jupyter front end: where it serves a notebook, and how its page shows that the
+    notebook's kernel is connected and idle (each selector must match)."""
+
+    name: str  # a short id: artifact folders, test ids
+    title: str  # for messages
+    path: str  # URL of a notebook, formatted with `notebook` and `token`
+    app_name: str  # page config `appName`
+    min_version: int  # lowest major `appVersion`
+    kernel_ready: tuple[str, ...]
+
+
+LAB = UI(
+    name="lab", title="JupyterLab 4",
+    path="/lab/tree/{notebook}?token={token}&reset",
+    app_name="JupyterLab", min_version=4,
+    # The status bar reads "Python 3 (ipykernel) | Idle" once the kernel is connected.
+    kernel_ready=("#jp-main-statusbar >> text=/Idle/",),
+)
+
+NOTEBOOK7 = UI(
+    name="notebook7", title="Notebook 7",
+    path="/notebooks/{notebook}?token={token}",
+    app_name="Jupyter Notebook", min_version=7,
+    # No status bar. The top bar's kernel status gets `-fade` alone only for an idle or busy
+    # (connected) kernel; `-info` while starting or connecting. The toolbar's execution
+    # indicator reads idle before any kernel exists, hence both.
+    kernel_ready=(
+        ".jp-NotebookKernelStatus-fade:not(.jp-NotebookKernelStatus-info)",
+        '.jp-Notebook-ExecutionIndicator[data-status="idle"]',
+    ),
+)
+
+
+def notebook7_version() -> str | None:
+    """The installed `notebook` package's version, or None."""
+    try:
+        return importlib.metadata.version("notebook")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def missing_requirements(ui: UI | None = None) -> list[str]:
+    """What the browser test (of `ui`, or of what both UIs share) needs and this machine
+    lacks, each with how to install it."""
     out = []
+    if ui is NOTEBOOK7:
+        version = notebook7_version()
+        if version is None or int(version.split(".")[0]) < 7:
+            have = f"notebook {version} is installed" if version else "not installed"
+            out.append(f"Notebook 7 ({have}): pip install 'notebook>=7' (or pip install -e "
+                       f"'.[test]')")
+        return out
     try:
         import jupyterlab  # noqa: F401
     except ImportError:
@@ -59,8 +115,9 @@ def missing_requirements() -> list[str]:
 
 
 @dataclass
-class Lab:
-    """A running JupyterLab. `root` is its root dir (put notebooks there)."""
+class Server:
+    """A running Jupyter server (JupyterLab, plus Notebook 7 when installed). `root` is its
+    root dir (put notebooks there)."""
 
     root: Path
     port: int
@@ -73,8 +130,21 @@ class Lab:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def url(self, notebook: str) -> str:
-        return f"{self.base_url}/lab/tree/{notebook}?token={self.token}&reset"
+    def url(self, notebook: str, ui: UI = LAB) -> str:
+        return self.base_url + ui.path.format(notebook=notebook, token=self.token)
+
+    def api(self, path: str, method: str = "GET") -> Any:
+        """Call the server's REST API; the decoded JSON answer (None when empty)."""
+        req = urllib.request.Request(f"{self.base_url}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            body = resp.read()
+        return json.loads(body) if body else None
+
+    def shut_down_sessions(self) -> None:
+        """End every notebook session and its kernel (between tests sharing the server)."""
+        for session in self.api("sessions"):
+            self.api(f"sessions/{session['id']}", method="DELETE")
 
     def log(self) -> str:
         try:
@@ -112,16 +182,17 @@ class Lab:
             pass
 
 
-def start_lab(tmp: Path, timeout: float = 60.0) -> Lab:
-    """Start JupyterLab with its root and all its state under `tmp`; wait until it serves."""
-    lab = launch_lab(tmp)
-    lab.wait_until_serving(timeout)
-    return lab
+def start_server(tmp: Path, timeout: float = 60.0) -> Server:
+    """Start the server with its root and all its state under `tmp`; wait until it serves."""
+    server = launch_server(tmp)
+    server.wait_until_serving(timeout)
+    return server
 
 
-def launch_lab(tmp: Path) -> Lab:
-    """Start JupyterLab with its root and all its state under `tmp`, without waiting for
-    it (do something else meanwhile, then `lab.wait_until_serving()`)."""
+def launch_server(tmp: Path) -> Server:
+    """Start JupyterLab (and Notebook 7, when installed: one server serves both) with its
+    root and all its state under `tmp`, without waiting for it (do something else
+    meanwhile, then `server.wait_until_serving()`)."""
     root = tmp / "root"
     root.mkdir(parents=True, exist_ok=True)
     dirs = {
@@ -144,6 +215,13 @@ def launch_lab(tmp: Path) -> Lab:
         path = dirs["JUPYTERLAB_SETTINGS_DIR"] / package / f"{name}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values, indent=1))
+    # Both front ends named, not left to what the environment's config happens to enable.
+    # Notebook 7 reads the same user settings dir as JupyterLab, so the overrides hold there.
+    extensions = {"jupyterlab": True}
+    if importlib.util.find_spec("notebook") is not None:
+        extensions["notebook"] = True
+    (dirs["JUPYTER_CONFIG_DIR"] / "jupyter_server_config.json").write_text(json.dumps(
+        {"ServerApp": {"jpserver_extensions": extensions}}, indent=1))
 
     # The kernel is this very interpreter, named explicitly (no "python" resolved via PATH).
     spec = dirs["JUPYTER_DATA_DIR"] / "kernels" / "python3"
@@ -177,32 +255,33 @@ def launch_lab(tmp: Path) -> Lab:
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--MappingKernelManager.cull_idle_timeout=0",
     ]
-    log_path = tmp / "jupyterlab.log"
+    log_path = tmp / "jupyter-server.log"
     log = open(log_path, "wb")  # noqa: SIM115 - the child holds it; closed with the process
     try:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
         log.close()
-    return Lab(root=root, port=port, token=token, proc=proc, log_path=log_path, dirs=dirs)
+    return Server(root=root, port=port, token=token, proc=proc, log_path=log_path, dirs=dirs)
 
 
-def _wait_until_serving(lab: Lab, timeout: float) -> None:
+def _wait_until_serving(server: Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        if lab.proc.poll() is not None:
-            raise RuntimeError(f"JupyterLab exited with code {lab.proc.returncode} before "
-                               f"serving:\n{lab.log()[-4000:]}")
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"The Jupyter server exited with code "
+                               f"{server.proc.returncode} before serving:\n"
+                               f"{server.log()[-4000:]}")
         try:
-            with socket.create_connection(("127.0.0.1", lab.port), timeout=1):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=1):
                 pass
-            url = f"{lab.base_url}/api/status?token={lab.token}"
+            url = f"{server.base_url}/api/status?token={server.token}"
             with urllib.request.urlopen(url, timeout=5) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"JupyterLab did not serve on port {lab.port} within "
-                               f"{timeout:.0f} s:\n{lab.log()[-4000:]}")
+            raise TimeoutError(f"The Jupyter server did not serve on port {server.port} "
+                               f"within {timeout:.0f} s:\n{server.log()[-4000:]}")
         time.sleep(0.25)

@@ -1,17 +1,21 @@
-"""The panel in a real browser: JupyterLab + headless Chromium, driven by Playwright.
+"""The panel in a real browser: JupyterLab 4 and Notebook 7, in headless Chromium driven by
+Playwright. One Jupyter server serves both front ends; each test opens its own notebook in
+its own UI (and browser context), and shuts its kernel down at the end.
 
 One notebook, as a user would run it: a small MLP whose layer "2" weights are multiplied
 by 1000 at step 150 of 300. The test watches the live panel while it trains, then checks
 the finished panel (first failure named, map drawn within a frame), clicks the first
 failure in the feed (the inspector opens with charts and the line that reaches the
 tensors), drags the jump slider to its maximum (the run is re-classified), and asks the
-kernel what it saw. Any JS error of the page fails the test.
+kernel what it saw. Any JS error of the page fails the test (but two known load-time races
+of Notebook 7's own code: KNOWN_PAGE_ERRORS; the report lists them).
 
-Needs /usr/bin/chromium (or $NDBG_CHROMIUM), jupyterlab, ipykernel and playwright; it
-fails, with what to install, when one is missing (CI installs them: `make test`).
-Screenshots of every run go to tests/artifacts/ (git-ignored); with
-NDBG_SAVE_SCREENSHOT=1 the finished panel with the inspector open is also copied to
-docs/panel.png for the README.
+Needs /usr/bin/chromium (or $NDBG_CHROMIUM), jupyterlab, notebook>=7, ipykernel and
+playwright; it fails, with what to install, when one is missing (CI installs them: `make
+test`). Screenshots and a report.json of every run go to tests/artifacts/<ui>/ (git-ignored;
+the server's log to tests/artifacts/jupyter-server.log); with NDBG_SAVE_SCREENSHOT=1 the
+finished panel with the inspector open is also copied to docs/panel.png (JupyterLab, for
+the README), and Notebook 7's page down to that panel to docs/panel-notebook7.png.
 """
 
 from __future__ import annotations
@@ -28,25 +32,41 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _jupyter import Lab, launch_lab, missing_requirements
+from _jupyter import LAB, NOTEBOOK7, UI, Server, launch_server, missing_requirements
 
 HERE = Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts"
-DOCS_SHOT = HERE.parent / "docs" / "panel.png"
+DOCS_SHOTS = {LAB.name: HERE.parent / "docs" / "panel.png",
+              NOTEBOOK7.name: HERE.parent / "docs" / "panel-notebook7.png"}
 CHROMIUM = os.environ.get("NDBG_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run",
                  "--disable-dev-shm-usage"]
-NOTEBOOK = "neuraldbg_browser_test.ipynb"
 FRAME_MS = 16.0
 
 # Console errors that are not the panel's, each as narrow as it can be:
 IGNORED_CONSOLE = [
     # The browser's own line for a failed request (the machine is offline, and JupyterLab
-    # probes a few optional endpoints); it names no script of ours.
+    # and Notebook 7 probe a few optional endpoints); it names no script of ours.
     re.compile(r"^Failed to load resource: (net::ERR_\w+|the server responded with a "
                r"status of 404 \(Not Found\))$"),
 ]
+
+# Page errors that are not the panel's: races inside Notebook 7's own bundle while its page
+# loads (seen with and without this test's settings overrides). Each is ignored only for
+# that UI, only with that exact message, and only when every frame of its stack is in
+# Notebook 7's core bundle (none in the panel, anywidget or ipywidgets).
+KNOWN_PAGE_ERRORS = {
+    NOTEBOOK7.name: [
+        # jupyter/notebook#7862 (open): the shortcuts plugin reads the schema of a settings
+        # plugin the registry does not hold yet.
+        re.compile(r"^TypeError: Cannot read properties of undefined \(reading 'schema'\)$"),
+        # The file browser restores its state on the notebook page, where its open-path
+        # command is not registered (seen in about half the loads here).
+        re.compile(r"^Error: Command 'filebrowser:open-path' not registered\.$"),
+    ],
+}
+KNOWN_PAGE_ERROR_FRAMES = re.compile(r"/static/notebook/notebook_core\.[0-9a-f]+\.js\b")
 
 CELL_SETUP = """\
 %load_ext neuraldbg_nb
@@ -112,49 +132,69 @@ def _write_notebook(path: Path) -> None:
 
 
 # -- setup ----------------------------------------------------------------------------------
-def _require() -> None:
+def _require(ui: UI | None = None) -> None:
     """Fail (not skip: CI installs all of it) naming what to install."""
-    missing = missing_requirements()
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+    missing = missing_requirements(ui)
+    if ui is None and not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         missing.append(f"Chromium at {CHROMIUM}: apt-get install -y chromium (or `make "
                        f"browser`; or set NDBG_CHROMIUM to a Chromium binary)")
     if missing:
         pytest.fail("the real-browser test needs: " + "; ".join(missing), pytrace=False)
 
 
-@contextlib.contextmanager
-def _lab_and_page(tmp_path: Path) -> Iterator[tuple[Lab, Any]]:
-    """A JupyterLab serving the test notebook, and a page of a headless Chromium; the
-    browser starts while the server does. Both are stopped whatever happens."""
+@pytest.fixture(scope="module")
+def jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Any]]:
+    """One Jupyter server (JupyterLab and Notebook 7) and one headless Chromium for the
+    module; the browser starts while the server does. Both are stopped whatever happens."""
+    _require()
     from playwright.sync_api import sync_playwright
 
-    server = launch_lab(tmp_path)
+    for old in [*ARTIFACTS.glob("*.png"), *ARTIFACTS.glob("*.json"), *ARTIFACTS.glob("*.log")]:
+        old.unlink(missing_ok=True)  # nothing stale from an earlier layout of the folder
+    server = launch_server(tmp_path_factory.mktemp("jupyter"))
     try:
-        _write_notebook(server.root / NOTEBOOK)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
                                         headless=True)
             try:
-                context = browser.new_context(viewport={"width": 1280, "height": 1800},
-                                              device_scale_factor=1)
-                page = context.new_page()
                 server.wait_until_serving(60)
-                yield server, page
+                yield server, browser
             finally:
                 browser.close()
     finally:
         server.stop()
-        _artifacts()
-        (ARTIFACTS / "jupyterlab.log").write_text(server.log())
+        (_artifacts() / "jupyter-server.log").write_text(server.log())
+
+
+@contextlib.contextmanager
+def _page(server: Server, browser: Any, ui: UI) -> Iterator[tuple[Any, str, Path]]:
+    """A fresh browser context and page, this UI's own notebook in the server's root, and a
+    clean artifacts folder; afterwards the page is closed and the server's kernels ended."""
+    _require(ui)
+    out = _artifacts(ui.name)
+    for old in [*out.glob("*.png"), out / "report.json"]:
+        old.unlink(missing_ok=True)  # nothing stale from an earlier run
+    notebook = f"neuraldbg_browser_test_{ui.name}.ipynb"
+    _write_notebook(server.root / notebook)
+    context = browser.new_context(viewport={"width": 1280, "height": 1800},
+                                  device_scale_factor=1)
+    try:
+        yield context.new_page(), notebook, out
+    finally:
+        context.close()
+        with contextlib.suppress(OSError):
+            server.shut_down_sessions()
+        (_artifacts() / "jupyter-server.log").write_text(server.log())
 
 
 # -- helpers ------------------------------------------------------------------------------
-def _artifacts() -> Path:
+def _artifacts(sub: str = "") -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     ignore = ARTIFACTS / ".gitignore"
     if not ignore.exists():
         ignore.write_text("*\n")
-    return ARTIFACTS
+    (ARTIFACTS / sub).mkdir(exist_ok=True)
+    return ARTIFACTS / sub
 
 
 def _cell(page, index: int):
@@ -179,12 +219,26 @@ def _attr(loc, name: str) -> str | None:
     return loc.get_attribute(name)
 
 
-def _shot(page, name: str, element=None) -> Path:
-    path = _artifacts() / name
+def _shot(out: Path, page, name: str, element=None) -> Path:
+    path = out / name
     if element is not None:
         element.screenshot(path=str(path), animations="disabled")
     else:
         page.screenshot(path=str(path), full_page=True, animations="disabled")
+    return path
+
+
+def _shot_in_ui(out: Path, page, name: str, cell, panel) -> Path:
+    """The page from its top (the UI's own header, menus and toolbar) down to the panel's
+    end, with the cell scrolled to the top of the notebook: the panel as seen in that UI."""
+    cell.evaluate("c => c.scrollIntoView({block: 'start'})")
+    box = panel.bounding_box()
+    assert box is not None
+    viewport = page.viewport_size or {"width": 1280, "height": 1800}
+    height = min(box["y"] + box["height"] + 12, viewport["height"])
+    path = out / name
+    page.screenshot(path=str(path), animations="disabled",
+                    clip={"x": 0, "y": 0, "width": viewport["width"], "height": height})
     return path
 
 
@@ -198,22 +252,36 @@ def _real_errors(errors: list[str]) -> list[str]:
     return [e for e in errors if not any(p.search(e) for p in IGNORED_CONSOLE)]
 
 
+def _known_page_error(ui: UI, name: str, message: str, stack: str) -> bool:
+    """A known error of the UI itself (KNOWN_PAGE_ERRORS), not the panel's."""
+    if not any(p.search(f"{name}: {message}") for p in KNOWN_PAGE_ERRORS.get(ui.name, [])):
+        return False
+    # frames with a script (not the native ones like "at async Promise.all (index 0)")
+    urls = re.findall(r"^\s*at .*?(https?://\S+?):\d+:\d+\)?$", stack, re.MULTILINE)
+    return bool(urls) and all(KNOWN_PAGE_ERROR_FRAMES.search(u) for u in urls)
+
+
 # -- the test -------------------------------------------------------------------------------
-def test_panel_in_jupyterlab(tmp_path: Path) -> None:
-    _require()
-    for old in [*_artifacts().glob("*.png"), ARTIFACTS / "report.json"]:
-        old.unlink(missing_ok=True)  # nothing stale from an earlier run
-    with _lab_and_page(tmp_path) as (lab, page):
-        _drive(lab, page)
+def test_panel_in_jupyterlab(jupyter: tuple[Server, Any]) -> None:
+    server, browser = jupyter
+    with _page(server, browser, LAB) as (page, notebook, out):
+        _drive(server, page, LAB, notebook, out)
 
 
-def _drive(lab: Lab, page: Any) -> None:
+def test_panel_in_notebook7(jupyter: tuple[Server, Any]) -> None:
+    server, browser = jupyter
+    with _page(server, browser, NOTEBOOK7) as (page, notebook, out):
+        _drive(server, page, NOTEBOOK7, notebook, out)
+
+
+def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> None:
     from playwright.sync_api import expect
 
     page.set_default_timeout(30_000)
     console: list[str] = []
     console_errors: list[str] = []
     page_errors: list[str] = []
+    known_page_errors: list[str] = []
 
     def on_console(msg) -> None:
         where = msg.location or {}
@@ -223,19 +291,35 @@ def _drive(lab: Lab, page: Any) -> None:
             console_errors.append(msg.text)
 
     page.on("console", on_console)
-    page.on("pageerror", lambda err: page_errors.append(f"{err.name}: {err.message}\n{err.stack}"))
-
-    report: dict[str, Any] = {}
+    report: dict[str, Any] = {"ui": ui.title}
     phases: dict[str, float] = {}
     t0 = time.monotonic()
+
+    def on_page_error(err) -> None:
+        # when, against the phases in the report
+        line = f"[{time.monotonic() - t0:.1f} s] {err.name}: {err.message}\n{err.stack}"
+        known = _known_page_error(ui, err.name, err.message, err.stack or "")
+        (known_page_errors if known else page_errors).append(line)
+
+    page.on("pageerror", on_page_error)
 
     def phase(name: str) -> None:
         phases[name] = round(time.monotonic() - t0, 1)
     try:
-        page.goto(lab.url(NOTEBOOK))
+        page.goto(server.url(notebook, ui))
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
         expect(page.locator(".jp-Notebook .jp-Cell")).to_have_count(3)
-        page.wait_for_selector("#jp-main-statusbar >> text=/Idle/", timeout=60_000)
+        # the page is the UI it should be (Notebook 7 and JupyterLab share most of the DOM)
+        app = page.evaluate("""() => {
+            const c = JSON.parse(document.getElementById('jupyter-config-data').textContent);
+            return [c.appName, c.appVersion, document.body.dataset.notebook || null];
+        }""")
+        report["app"] = app
+        assert app[0] == ui.app_name and int(app[1].split(".")[0]) >= ui.min_version, (
+            f"{ui.title} expected, the page is {app}")
+        assert (app[2] == "notebooks") == (ui is NOTEBOOK7), f"page kind: {app}"
+        for ready in ui.kernel_ready:
+            page.wait_for_selector(ready, timeout=60_000)
         phase("kernel idle")
 
         # cell 1: the extension and the model
@@ -259,8 +343,8 @@ def _drive(lab: Lab, page: Any) -> None:
         second_step = int(_attr(panel, "data-step") or 0)
         assert second_step > first_step, (first_step, second_step)
         report["live_steps"] = (first_step, second_step)
-        _shot(page, "01-training.png", panel)
-        _shot(page, "01-training-page.png")
+        _shot(out_dir, page, "01-training.png", panel)
+        _shot(out_dir, page, "01-training-page.png")
         live_draw = [float(_attr(panel, "data-draw-ms") or "nan")]
 
         # finished
@@ -295,7 +379,7 @@ def _drive(lab: Lab, page: Any) -> None:
             }""")
         report["canvas"] = colors
         assert colors[0] > 0 and colors[1] > 0 and colors[2] >= 2, f"blank map canvas {colors}"
-        _shot(page, "02-finished.png", panel)
+        _shot(out_dir, page, "02-finished.png", panel)
 
         # hovering the map at layer 2, step 150 shows the cell's tooltip
         box = canvas.bounding_box()
@@ -305,7 +389,7 @@ def _drive(lab: Lab, page: Any) -> None:
         expect(tooltip).to_be_visible(timeout=5_000)
         expect(tooltip.locator(".ndbg-tooltip-layer")).to_have_text("2")
         report["tooltip"] = tooltip.inner_text()
-        _shot(page, "02-tooltip.png", panel)
+        _shot(out_dir, page, "02-tooltip.png", panel)
         page.mouse.move(0, 0)
         expect(tooltip).to_be_hidden()
 
@@ -328,14 +412,18 @@ def _drive(lab: Lab, page: Any) -> None:
         expect(row).to_have_class(re.compile(r"\bndbg-selected\b"))
         report["inspector_charts"] = body.locator("svg").count()
         phase("inspector charts shown")
-        shot = _shot(page, "03-inspector.png", panel)
-        _shot(page, "03-inspector-page.png")
+        shot = _shot(out_dir, page, "03-inspector.png", panel)
+        _shot(out_dir, page, "03-inspector-page.png")
+        in_ui = _shot_in_ui(out_dir, page, "03-inspector-in-ui.png", _cell(page, 1), panel)
         body.evaluate("b => { b.scrollTop = b.scrollHeight; }")
-        _shot(page, "03-inspector-scrolled.png", inspector)
+        _shot(out_dir, page, "03-inspector-scrolled.png", inspector)
         body.evaluate("b => { b.scrollTop = 0; }")
         if os.environ.get("NDBG_SAVE_SCREENSHOT") == "1":
-            DOCS_SHOT.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(shot, DOCS_SHOT)
+            docs_shot = DOCS_SHOTS[ui.name]
+            docs_shot.parent.mkdir(parents=True, exist_ok=True)
+            # JupyterLab's: the panel alone (the README's picture); Notebook 7's: the panel
+            # under its training cell, in Notebook 7's page
+            shutil.copyfile(shot if ui is LAB else in_ui, docs_shot)
 
         # the jump slider to its maximum: the run is re-classified
         before_first = first.inner_text()
@@ -366,7 +454,7 @@ def _drive(lab: Lab, page: Any) -> None:
         report["message"] = panel.locator(".ndbg-message").inner_text()
         report["first_failure_after"] = (first.inner_text() if first.is_visible() else None)
         phase("reclassified")
-        _shot(page, "04-reclassified.png", panel)
+        _shot(out_dir, page, "04-reclassified.png", panel)
 
         # cell 3: what the kernel saw
         _run_cell(page, 2)
@@ -384,14 +472,15 @@ def _drive(lab: Lab, page: Any) -> None:
         assert not page_errors, "page errors:\n" + "\n".join(page_errors)
         errors = _real_errors(console_errors)
         assert not errors, "console errors:\n" + "\n".join(errors)
-        _shot(page, "05-end-page.png")
+        _shot(out_dir, page, "05-end-page.png")
     except BaseException:
         with contextlib.suppress(Exception):  # the page may be gone; the error matters
-            _shot(page, "failure.png")
+            _shot(out_dir, page, "failure.png")
         raise
     finally:
         report["phases_s"] = phases
         report["total_s"] = round(time.monotonic() - t0, 1)
         report["console"] = console
         report["page_errors"] = page_errors
-        (_artifacts() / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        report["known_page_errors"] = known_page_errors
+        (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
