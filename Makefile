@@ -37,10 +37,12 @@ lab: setup
 bench: setup
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/panel_scale.py
+	$(PY) benchmarks/memory.py
 
 bench-quick: setup
 	$(PY) benchmarks/overhead.py --quick
 	$(PY) benchmarks/panel_scale.py --quick
+	$(PY) benchmarks/memory.py --quick
 
 lint: setup
 	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks

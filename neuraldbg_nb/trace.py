@@ -67,7 +67,11 @@ class Trace:
     """History rows at most; past it, adjacent blocks merge (each then covers twice the
     steps), so any run length fits in a fixed number of rows."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_tail_bytes: int | None = None) -> None:
+        """`max_tail_bytes`: the most the exact tail will be allowed to hold before its
+        owner compacts it (watch's `trace_mb`); the tail's arrays, which grow by doubling,
+        are never allocated much beyond it."""
+        self.max_tail_bytes = max_tail_bytes
         self.layers: list[LayerInfo] = []
         self._index: dict[str, int] = {}
         self._cap = 64
@@ -157,7 +161,10 @@ class Trace:
         self._version += 1
 
     def _grow(self) -> None:
-        self._cap *= 2
+        cap = 2 * self._cap
+        if self.max_tail_bytes is not None and self.row_nbytes > 0:
+            cap = min(cap, self.max_tail_bytes // self.row_nbytes + 2)
+        self._cap = max(cap, self._rows + 1)
         for c, a in self._layer_cols.items():
             grown = self._blank(self._cap, a.shape[1])
             grown[: self._rows] = a[: self._rows]
@@ -275,6 +282,15 @@ class Trace:
     def tail_nbytes(self) -> int:
         """Bytes of the exact tail's recorded steps."""
         return self.row_nbytes * self._rows
+
+    @property
+    def allocated_nbytes(self) -> int:
+        """Bytes the trace's arrays take, the tail's spare capacity included."""
+        tail = sum(a.nbytes for a in self._layer_cols.values())
+        tail += sum(a.nbytes for a in self._step_cols.values())
+        history = sum(a.nbytes for a in self._h_layer.values())
+        history += sum(a.nbytes for a in self._h_step.values())
+        return tail + history + self._h_steps.nbytes
 
     @property
     def nbytes(self) -> int:

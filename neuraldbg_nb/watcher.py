@@ -74,7 +74,7 @@ class Watch:
         th = (thresholds or Thresholds()).with_(**threshold_changes)
         self.stop_on = stop_on
         self.report = report
-        trace = Trace()
+        trace = Trace(max_tail_bytes=self.trace_bytes)
         self.run = Run(trace, th, CaptureStore(int(capture_mb * 2**20)), Detection(th))
         self._probe = Probe(trace, _roots(model), sample_every=sample_every,
                             hold_refs=capture_mb > 0 and activations,
@@ -177,11 +177,11 @@ class Watch:
 
 class ScanSchedule:
     """When the live run scans for events: at once when the newest step looks like the
-    start of one (`wake`), and every step for `patience` steps after that (a condition is
-    confirmed only after it held that long); else in batches sized so that scanning costs
-    about `BUDGET` of the training time, and at least every `MAX_LATENCY` seconds.
-    Batching changes when events are found, never which (the scan is chunk-invariant),
-    so `stop_on` stops at the step of a sudden failure and soon after a slow one."""
+    start of one (`wake`), once more `patience` steps later (a slow condition is confirmed
+    only after it held that long), else in batches sized so that scanning costs about
+    `BUDGET` of the training time, and at least every `MAX_LATENCY` seconds. Batching
+    changes when events are found, never which (the scan is chunk-invariant), so
+    `stop_on` stops at the step of a sudden failure and soon after a slow one."""
 
     BUDGET = 0.005
     MAX_LATENCY = 2.0
@@ -189,7 +189,7 @@ class ScanSchedule:
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
         self.interval = 1
-        self._hot = 0
+        self._confirm: set[int] = set()
         self._sampled_wake = SampledWake()
         self._step_time = 0.0
         self._last_step = self._last_scan = time.perf_counter()
@@ -198,11 +198,14 @@ class ScanSchedule:
         now = time.perf_counter()
         wall, self._last_step = now - self._last_step, now
         self._step_time = wall if self._step_time == 0 else 0.9 * self._step_time + 0.1 * wall
-        if wake(trace, self.thresholds) or self._sampled_wake(trace, self.thresholds):
-            self._hot = self.thresholds.patience
-        hot, self._hot = self._hot > 0, max(self._hot - 1, 0)
+        step = trace.n_steps - 1
+        woke = wake(trace, self.thresholds) or self._sampled_wake(trace, self.thresholds)
+        if woke:
+            self._confirm.add(step + self.thresholds.patience)
+        confirm = step in self._confirm
+        self._confirm = {s for s in self._confirm if s > step}
         pending = trace.n_steps - detection.steps_done
-        return pending > 0 and (hot or pending >= self.interval
+        return pending > 0 and (woke or confirm or pending >= self.interval
                                 or now - self._last_scan >= self.MAX_LATENCY)
 
     def scanned(self, cost: float) -> None:

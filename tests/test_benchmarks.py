@@ -25,3 +25,9 @@ def test_overhead_benchmark_runs_in_quick_mode() -> None:
 def test_panel_scale_benchmark_runs_in_quick_mode() -> None:
     out = _run("benchmarks/panel_scale.py", "--quick")
     assert "re-classify" in out and "live message size" in out
+
+
+def test_memory_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/memory.py", "--quick")
+    assert "Capture budget: peak RSS" in out and "peak RSS - capture_mb=0" in out
+    assert "capture_mb=64" in out and "Trace bound" in out

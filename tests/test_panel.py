@@ -171,6 +171,8 @@ def test_long_run_is_compacted_within_its_budget_and_keeps_its_events() -> None:
     assert t.full_from > fault, "the fault's steps should have been compacted"
     assert t.tail_nbytes <= 2**20
     assert t.nbytes <= 1.5 * 2**20 + t.row_nbytes
+    # the tail's arrays grow by doubling, but never far past the budget
+    assert t.allocated_nbytes <= 1.5 * 2**20 + 4 * t.row_nbytes
     w.run.status = "finished"
     ff = w.run.first_failure
     assert (ff.layer, ff.step, ff.kind) == ("l12", fault, "regime_shift")
