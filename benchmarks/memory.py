@@ -193,14 +193,6 @@ def train_child(config: str, steps: int, width: int, batch: int, every: int) -> 
 
 
 # -- 2. trace bound (child) ----------------------------------------------------------------
-def _allocated(trace) -> int:
-    """Bytes the trace's arrays allocate, spare capacity of the exact tail included (reads
-    the Trace's private arrays: measurement only)."""
-    arrays = [*trace._layer_cols.values(), *trace._step_cols.values(),
-              *trace._h_layer.values(), *trace._h_step.values(), trace._h_steps]
-    return sum(a.nbytes for a in arrays)
-
-
 def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
     import numpy as np
 
@@ -209,7 +201,8 @@ def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
     from neuraldbg_nb.trace import Trace
 
     rng = np.random.default_rng(0)
-    trace = Trace()
+    budget = int(trace_mb * MB)
+    trace = Trace(max_tail_bytes=budget)  # as watch() makes it
     for j in range(layers):
         relu = j % 2 == 1
         trace.add_layer(f"blocks.{j // 2}.{'act' if relu else 'fc'}",
@@ -217,7 +210,6 @@ def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
     th = Thresholds()
     detection = Detection(th)
     lookback = history_rows(th)
-    budget = int(trace_mb * MB)
     if steps == 0:  # enough steps for the tail to fill and be compacted once
         steps = int(1.2 * budget / trace.row_nbytes) + 1000
     fault = int(steps * 0.7)
@@ -239,13 +231,13 @@ def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
                 detection.advance(trace)
                 trace.fit(budget, detection.steps_done - lookback)
                 fits += 1
-                max_alloc = max(max_alloc, _allocated(trace))
+                max_alloc = max(max_alloc, trace.allocated_nbytes)
             elif trace._cap != cap:
                 cap = trace._cap
-                max_alloc = max(max_alloc, _allocated(trace))
+                max_alloc = max(max_alloc, trace.allocated_nbytes)
             max_nbytes = max(max_nbytes, trace.nbytes)
         detection.advance(trace)
-    max_alloc = max(max_alloc, _allocated(trace))
+    max_alloc = max(max_alloc, trace.allocated_nbytes)
     return {"layers": layers, "steps": steps, "trace_mb": trace_mb, "seconds":
             time.perf_counter() - started, "max_nbytes": max_nbytes, "end_nbytes": trace.nbytes,
             "tail_nbytes": trace.tail_nbytes, "tail_rows": trace.n_steps - trace.full_from,

@@ -31,7 +31,7 @@ LOOKBACK = history_rows(Thresholds())
 
 def synthetic_run(layers: int, steps: int, trace_mb: float, seed: int = 0) -> Run:
     rng = np.random.default_rng(seed)
-    trace = Trace()
+    trace = Trace(max_tail_bytes=int(trace_mb * 2**20))  # as watch() makes it
     for j in range(layers):
         relu = j % 2 == 1
         trace.add_layer(f"blocks.{j // 2}.{'act' if relu else 'fc'}", "ReLU" if relu else "Linear",

@@ -114,7 +114,8 @@ class Probe:
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
         self._params_cache: list[tuple[str, nn.Parameter, int]] = []
-        self._slices: dict[int, tuple[int, int, torch.Tensor]] = {}  # id -> (ptr, numel, view)
+        self._probe_key: list[int] = []  # storage address of each trained weight, 0 if frozen
+        self._probe: tuple[list[torch.Tensor], list[int]] = ([], [])  # weight slices, layers
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
         self.compiled_seen = False
@@ -332,19 +333,22 @@ class Probe:
             self._params_cache = [(name, p, self._layer(mid)) for name, p, mid in self._owners]
         return self._params_cache
 
-    def _weight_slices(self, weights: list[nn.Parameter]) -> list[torch.Tensor]:
-        """The first `WEIGHT_PROBE` elements of each weight, as views kept from step to
-        step (checked against the storage, so `p.data = ...` is followed)."""
-        out = []
-        for p in weights:
-            ptr, numel = p.data_ptr(), p.numel()
-            kept = self._slices.get(id(p))
-            if kept is None or kept[0] != ptr or kept[1] != numel:
-                w = p.detach()
-                view = w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else w
-                kept = self._slices[id(p)] = (ptr, numel, view)
-            out.append(kept[2])
-        return out
+    def _weight_probe(self) -> tuple[list[torch.Tensor], list[int]]:
+        """The first `WEIGHT_PROBE` elements of each trained weight (as views) and its
+        layer index. Kept from step to step while every weight keeps its storage and its
+        `requires_grad` (so `p.data = ...` and freezing are followed), which costs one
+        address read per weight instead of building the views again."""
+        params = self._params()
+        key = [p.data_ptr() if p.requires_grad else 0 for _, p, _ in params]
+        if key != self._probe_key:
+            views, idx = [], []
+            for _, p, i in params:
+                if p.requires_grad:
+                    w = p.detach()
+                    views.append(w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else w)
+                    idx.append(i)
+            self._probe_key, self._probe = key, (views, idx)
+        return self._probe
 
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
         sc = self._sc
@@ -387,8 +391,7 @@ class Probe:
         self.trace.append(row, scalars)
 
         if self._sampled and opt is not None:
-            live = [p for _, p, _ in params if p.requires_grad]
-            self._before = [w.clone() for w in self._weight_slices(live)]
+            self._before = [w.clone() for w in self._weight_probe()[0]]
         record = StepRecord(step, self._refs, self._batch, params)
         self._sampled = self.sampler.next(step, self._sampled)
         refs = self._refs
@@ -406,9 +409,7 @@ class Probe:
         moves weights by more than their size (a bad learning rate, an in-place edit)
         moves every part of them, and a fixed slice costs the same for a small layer and a
         large one, where reading all the weights would be a full pass over the model."""
-        live = [(p, idx) for _, p, idx in self._params() if p.requires_grad]
-        idx = [i for _, i in live]
-        probes = self._weight_slices([p for p, _ in live])
+        probes, idx = self._weight_probe()
         before, self._before = self._before, None
         if before is not None and len(before) == len(probes) and all(
                 a.shape == b.shape for a, b in zip(before, probes)):
