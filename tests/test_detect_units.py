@@ -198,12 +198,23 @@ def test_value_hovering_at_the_threshold_gives_one_event():
 
 def test_dead_units_hovering_at_the_threshold_give_one_event():
     d = np.full((N, 1), 0.1)
-    d[20:48, 0] = [0.55, 0.55, 0.55, 0.45] * 7       # held 3 steps, then one healthy dip
+    d[20:48, 0] = [0.55, 0.55, 0.55, 0.3] * 7        # held 3 steps, then one healthy dip
     trace = build([("r", "relu")], {"dead_frac": d})  # healthy (0.1) again from step 48
     _, events = detect(trace)
     dead = of(events, "dead_units")
     # one event; it ends where the lasting health began (the dip at 47 that went on)
     assert [(e.step, e.severity, e.end) for e in dead] == [(20, "warning", 47)]
+
+
+def test_dead_units_just_below_the_threshold_neither_start_nor_end_a_condition():
+    d = np.full((N, 1), 0.1)
+    d[20:45, 0] = [0.52, 0.47, 0.45, 0.51, 0.43] * 5  # wanders across 0.5, never below 0.4
+    d[52:58, 0] = 0.45                                # just below the line, from healthy
+    trace = build([("r", "relu")], {"dead_frac": d})  # healthy (0.1) at 45-51 and from 58
+    _, events = detect(trace)
+    dead = of(events, "dead_units")
+    assert [(e.step, e.severity, e.end) for e in dead] == [(20, "warning", 45)]
+    assert [e.step for e in of(events, "recovery", "r")] == [45]
 
 
 # -- incremental detection, reclassification -----------------------------------------------------
