@@ -214,7 +214,6 @@ def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
         steps = int(1.2 * budget / trace.row_nbytes) + 1000
     fault = int(steps * 0.7)
     max_nbytes = max_alloc = fits = 0
-    cap = trace._cap
     rss_before = _status_kb("VmRSS") * 1024
     started = time.perf_counter()
     chunk = 1000
@@ -232,11 +231,10 @@ def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
                 trace.fit(budget, detection.steps_done - lookback)
                 fits += 1
                 max_alloc = max(max_alloc, trace.allocated_nbytes)
-            elif trace._cap != cap:
-                cap = trace._cap
-                max_alloc = max(max_alloc, trace.allocated_nbytes)
             max_nbytes = max(max_nbytes, trace.nbytes)
         detection.advance(trace)
+        # the tail's capacity only grows, so a growth is still there at the chunk's end
+        max_alloc = max(max_alloc, trace.allocated_nbytes)
     max_alloc = max(max_alloc, trace.allocated_nbytes)
     return {"layers": layers, "steps": steps, "trace_mb": trace_mb, "seconds":
             time.perf_counter() - started, "max_nbytes": max_nbytes, "end_nbytes": trace.nbytes,

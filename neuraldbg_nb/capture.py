@@ -4,8 +4,8 @@ Captures are CPU copies of a layer's input, output, parameters and gradients (an
 input batch) taken when a detector fires and at sparse reference steps (0, 1, 2, 4, 8,
 ...) so an event can be shown beside the last healthy state. References only fill free
 room; when the budget is full, an event capture pushes out references first (oldest
-first), then later event captures; the earliest event capture is the last to go. A tensor larger than a quarter of the budget is kept as an
-evenly strided sample and marked so.
+first), then later event captures; the earliest event capture is the last to go. A tensor
+larger than a quarter of the budget is kept as an evenly strided sample and marked so.
 """
 
 from __future__ import annotations
@@ -121,11 +121,14 @@ class CaptureStore:
                       key=lambda k: k[0])
         events = sorted((k for k, c in self._items.items() if c.reason == EVENT),
                         key=lambda k: -k[0])
+        evicted = 0
         for key in refs + events[:-1]:
             if self.nbytes + need <= self.budget:
                 break
             self.nbytes -= self._items.pop(key).nbytes
-        _release_freed_memory()
+            evicted += 1
+        if evicted:
+            _release_freed_memory()
         return self.nbytes + need <= self.budget
 
     def find(self, step: int, layer: str | None) -> Capture | None:

@@ -3,8 +3,9 @@
 Every function here returns 0-d tensors and never calls `.item()`: a step's summaries are
 collected in a `Scalars` batch and reach the host in one transfer per device. The cheap
 path (every step) is one `torch.aminmax` per activation (taken in the probe's hook), which
-also flags non-finite values for free (a NaN or Inf anywhere makes min or max non-finite). The rich path (sampled steps)
-adds sums, zero and non-finite counts, dead units and saturation.
+also flags non-finite values for free (a NaN or Inf anywhere makes min or max non-finite).
+The rich path (sampled steps) adds sums, zero and non-finite counts, dead units and
+saturation.
 """
 
 from __future__ import annotations

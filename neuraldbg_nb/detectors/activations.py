@@ -31,8 +31,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
 
     dead = trace.col("dead_frac", lo, stop).astype(np.float64)
     relu = (roles == "relu")[None, :]
-    dead_codes = grade(relu & ~np.isnan(dead) & ~_band(dead, th.dead), (dead >= th.dead, WARNING),
-                       (dead >= max(th.dead, DEAD_ERROR), ERROR))
+    dead_codes = grade(relu & ~np.isnan(dead) & ~_band(dead, th.dead),
+                       (dead >= th.dead, WARNING), (dead >= max(th.dead, DEAD_ERROR), ERROR))
 
     sat = trace.col("sat_frac", lo, stop).astype(np.float64)
     bounded = (roles == "bounded")[None, :]

@@ -6,8 +6,9 @@ newest step against the one before decides when to scan at once, so that a sudde
 failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
 crossed its line (against the last sampled step), the input turned non-finite or all
-zero, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`). It only decides *when* detection runs, never *what* it finds; a
-slow drift is found at the next batch.
+zero, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`). It only
+decides *when* detection runs, never *what* it finds; a slow drift is found at the next
+batch.
 """
 
 from __future__ import annotations
