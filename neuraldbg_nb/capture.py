@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
+import mmap
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,10 @@ class Capture:
         try:
             return self.tensors[name]
         except KeyError:
-            raise KeyError(f"no tensor {name!r} in this capture; it has: "
+            why = (" (on the CPU a large activation is held for capture only where its "
+                   "layer's forward looked unusual at that step, or on sampled and "
+                   "reference steps)") if name in ("input", "output") else ""
+            raise KeyError(f"no tensor {name!r} in this capture{why}; it has: "
                            f"{', '.join(self.tensors) or 'nothing'}") from None
 
 
@@ -102,7 +106,7 @@ class CaptureStore:
         if not self._make_room(need, reason):
             self.dropped += reason == EVENT
             return None
-        copies = {i: t.to("cpu", copy=True) for i, t in unique.items()}
+        copies = {i: _host_copy(t) for i, t in unique.items()}
         cap = Capture(step, layer, reason, {name: copies[sources[name]] for name in views},
                       frozenset(sampled))
         self._items[(step, layer)] = cap
@@ -116,7 +120,7 @@ class CaptureStore:
             return True
         if reason == REFERENCE:
             return False  # references only fill free room; they never push anything out
-        # keys only: a Capture still referenced here would not be freed by the trim
+        # keys only: a Capture still referenced here would keep its memory
         refs = sorted((k for k, c in self._items.items() if c.reason == REFERENCE),
                       key=lambda k: k[0])
         events = sorted((k for k, c in self._items.items() if c.reason == EVENT),
@@ -151,6 +155,27 @@ class CaptureStore:
         return max(before, key=lambda c: c.step) if before else None
 
 
+OWN_PAGES = 1 << 18
+"""Copies of at least this many bytes get pages of their own (an anonymous mmap) instead
+of the C allocator's heap, which is the training's. Copies kept there for minutes sit
+between the training's temporaries: its large buffers no longer fit the holes and are
+mapped afresh every step (about 5,000 more page faults per step on the benchmark CNN,
+time the step spends in the kernel), and the holes that evicted copies leave are kept by
+the allocator (resident memory grew to 1.6 x the budget). Pages of their own go back to
+the system as soon as a capture is evicted and never mix with the training's memory."""
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of `t`; large dense ones in pages of their own (see `OWN_PAGES`)."""
+    size = t.numel() * t.element_size()
+    if size < OWN_PAGES or t.layout != torch.strided or t.is_quantized:
+        return t.to("cpu", copy=True)
+    pages = mmap.mmap(-1, size)  # unmapped when the last tensor on it is freed
+    out = torch.frombuffer(pages, dtype=t.dtype, count=t.numel()).view(t.shape)
+    out.copy_(t)
+    return out
+
+
 def _load_trim() -> Callable[[int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -165,8 +190,9 @@ _MALLOC_TRIM = _load_trim()
 
 
 def _release_freed_memory() -> None:
-    """Give the memory of evicted captures back to the OS. glibc keeps freed blocks of a
-    few MB in the process (its mmap threshold adapts upwards after the first frees), so
-    without this a full store's resident memory grew to about 1.6 x its budget."""
+    """After an eviction, hand the heap's free pages back to the OS. Large copies have
+    pages of their own and are unmapped at once; small ones (and, glibc being one heap,
+    whatever else is free in it) are kept by glibc until trimmed, which left resident
+    memory 20-50 MB above the budget in `benchmarks/memory.py` when the store was full."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

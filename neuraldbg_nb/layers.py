@@ -40,6 +40,15 @@ def bounds_of(module: nn.Module) -> tuple[float, float] | None:
     return None
 
 
+def is_nonnegative(module: nn.Module) -> bool:
+    """Outputs are >= 0 unless non-finite (ReLU, ReLU6, Sigmoid, ...): the maximum alone
+    is the abs-max, and a NaN or +Inf shows in it; -Inf cannot come out."""
+    if isinstance(module, (nn.ReLU, nn.ReLU6)):
+        return True
+    bounds = bounds_of(module)
+    return bounds is not None and bounds[0] >= 0
+
+
 def own_params(module: nn.Module) -> list[nn.Parameter]:
     return list(module.parameters(recurse=False))
 

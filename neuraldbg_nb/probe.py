@@ -26,7 +26,8 @@ from torch.optim import optimizer as optim_module
 from torch.utils.hooks import RemovableHandle
 
 from . import loss_tap, stats
-from .layers import bounds_of, first_tensor, iter_layers, own_params, role_of
+from .capture import is_reference_step
+from .layers import bounds_of, first_tensor, is_nonnegative, iter_layers, own_params, role_of
 from .trace import Trace
 
 
@@ -44,8 +45,20 @@ class StepRecord:
     params: list[tuple[str, nn.Parameter, int]] = field(default_factory=list)
 
 
+_is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
+
 WEIGHT_PROBE = 4096
 """Elements of each weight tensor whose norm is read after every update."""
+
+HOLD_FREELY = 1 << 18
+"""Bytes below which a CPU activation is always held for capture until the step ends.
+
+Holding a layer's input and output until the step closes (so that an event found then
+can copy them) keeps memory alive that the backward would otherwise reuse; on the CPU the
+allocator then maps fresh pages for every step, which cost a conv net 5-10% of its step
+time. Larger CPU activations are held only where their layer looks unusual at once (see
+`Probe._unusual`); small ones cost nothing to hold. On accelerators everything is
+held: deciding would need the values on the host, one transfer per layer."""
 
 
 class Sampler:
@@ -90,6 +103,7 @@ class _Candidate:
     module: nn.Module
     role: str
     bounds: tuple[float, float] | None
+    nonneg: bool
     index: int = -1  # the trace's layer index, given at the first call (forward order)
 
 
@@ -98,13 +112,15 @@ class Probe:
 
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
-                 overhead: float | None = None,
+                 overhead: float | None = None, hold_jump: float = math.sqrt(10.0),
                  on_step: Callable[[StepRecord], None]) -> None:
         self.trace = trace
         self.sampler = Sampler(sample_every, overhead)
         self.activations = activations
         self._given = roots is not None
         self._hold = hold_refs
+        self._hold_jump = hold_jump
+        self._last_absmax = np.zeros(0, np.float32)  # per layer, from the last step
         self._on_step = on_step
         self._handles: list[RemovableHandle] = []
         self._unsubscribe: Callable[[], None] | None = None
@@ -194,7 +210,7 @@ class Probe:
         for name, m in iter_layers(root, prefix):
             if id(m) in self._cand:
                 continue
-            c = self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m))
+            c = self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m), is_nonnegative(m))
             new.append(c)
             for pname, p in m.named_parameters(recurse=False):
                 if id(p) not in seen:
@@ -219,7 +235,7 @@ class Probe:
 
     # -- hooks ----------------------------------------------------------------------
     def _pre(self, module: nn.Module, args: tuple) -> None:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             self.compiled_seen = True
             return
         mid = id(module)
@@ -243,26 +259,52 @@ class Probe:
 
     def _post(self, c: _Candidate, module: nn.Module, args: tuple, output: object) -> None:
         """A layer's forward hook: the cheap path (min and max, kept on the device until
-        the step closes), and the rich statistics on sampled steps."""
-        if torch.compiler.is_compiling():
+        the step closes), and the rich statistics on sampled steps. It runs on every
+        layer call, so it is kept to a few attribute reads around one reduction."""
+        if _is_compiling():
             self.compiled_seen = True
             return
-        y = first_tensor(output)
-        if y is None or y.numel() == 0:
+        y = output if type(output) is torch.Tensor else first_tensor(output)
+        if y is None or not y.is_floating_point():
+            return
+        numel = y.numel()
+        if numel == 0:
             return
         idx = c.index if c.index >= 0 else self._layer(id(module))
         y = y.detach()
-        mn, mx = torch.aminmax(y)
+        if c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of aminmax
+            mn = mx = y.amax()
+        else:
+            mn, mx = torch.aminmax(y)
         self._c_idx.append(idx)
         self._c_mn.append(mn)
         self._c_mx.append(mx)
         if self._sampled:
             t0 = time.perf_counter()
-            self._rich.append((idx, y.numel(),
-                               stats.rich_activation(y, c.role, c.bounds, self._sc)))
+            rich = stats.rich_activation(y, c.role, c.bounds, self._sc,
+                                         finite=stats.known_finite(mn, mx))
+            self._rich.append((idx, numel, rich))
             self.sampler.spent += time.perf_counter() - t0
-        if self._hold:  # the capture store detaches what it copies
-            self._refs[idx] = (first_tensor(args), y)
+        if self._hold and (self._hold_all or numel * y.element_size() < HOLD_FREELY
+                           or self._unusual(idx, y, mn, mx)):
+            self._refs[idx] = (first_tensor(args), y)  # the capture store detaches them
+
+    def _unusual(self, idx: int, y: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor) -> bool:
+        """Is a large activation worth holding for capture (see `HOLD_FREELY`)? Always on
+        accelerators (deciding would need a transfer); on the CPU, where min and max are
+        already on the host, when it is non-finite or its abs-max moved by `hold_jump` or
+        more since the last step (the same test that wakes detection). Small activations,
+        and all of them on sampled steps (dead units and saturation are judged there) and
+        reference steps, are always held. An event on a layer that looked normal (a
+        gradient one) is then captured without its input and output."""
+        if not stats.on_host(y):
+            return True
+        now = max(abs(float(mn)), abs(float(mx)))
+        before = float(self._last_absmax[idx]) if idx < len(self._last_absmax) else math.nan
+        if now == before:
+            return False
+        return not (math.isfinite(now) and before > 0
+                    and before / self._hold_jump < now < before * self._hold_jump)
 
     def _record_input(self, args: tuple, kwargs: dict) -> None:
         found = first_tensor(args, floating=False)
@@ -279,11 +321,13 @@ class Probe:
         self._losses.append(self._sc.add(root.detach()))
 
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if self._primary is None:
+        primary = self._primary() if self._primary is not None else None
+        if primary is None:  # the first step, or the optimizer was replaced (and freed)
             if not self._owns(opt):
                 return
             self._primary = weakref.ref(opt)
-        if self._primary() is opt:
+            primary = opt
+        if primary is opt:
             self.steps_seen += 1
             self._close(opt)
 
@@ -325,6 +369,7 @@ class Probe:
         self._logged_host: list[float] = []
         self._refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._batch = None
+        self._hold_all = self._sampled or is_reference_step(self.trace.n_steps)
 
     def _params(self) -> list[tuple[str, nn.Parameter, int]]:
         """(name, parameter, layer index) of every watched parameter; rebuilt only when
@@ -370,6 +415,7 @@ class Probe:
         row: dict[str, np.ndarray] = {}
         row["act_absmax"] = self._absmax(v[p_mn:p_mn + len(self._c_mn)],
                                          v[p_mx:p_mx + len(self._c_mx)], n)
+        self._last_absmax = row["act_absmax"]
         if self._rich:
             row.update(self._rich_columns(v, n))
         row["grad_norm"] = _layer_norms(v, g_pos, [i for _, i in with_grad], n)
@@ -465,7 +511,8 @@ class Probe:
             t[2] += v[p_norm] ** 2
             t[3] += v[p_zero]
             t[4] += counted
-            t[5] += v[p_bad]
+            if p_bad >= 0:  # else known finite on the host
+                t[5] += v[p_bad]
             if p_dead >= 0:
                 t[6] += v[p_dead]
                 t[7] += units
@@ -498,7 +545,8 @@ class Probe:
     def _input_scalars(self, v: np.ndarray) -> dict[str, float]:
         if not self._inputs:
             return {}
-        got = [({k: v[p] for k, p in pos.items()}, numel) for pos, numel in self._inputs]
+        got = [({k: v[p] if p >= 0 else numel for k, p in pos.items()}, numel)
+               for pos, numel in self._inputs]  # p < 0: all finite, known on the host
         numel = float(sum(n for _, n in got))
         mins = [g["min"] for g, _ in got]
         maxs = [g["max"] for g, _ in got]

@@ -10,6 +10,7 @@ saturation.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -83,16 +84,22 @@ def _fraction_sample(x: torch.Tensor) -> torch.Tensor:
 
 
 def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | None,
-                    into: Scalars) -> tuple[int, int, int, int, int, int, int, int]:
+                    into: Scalars, finite: bool = False
+                    ) -> tuple[int, int, int, int, int, int, int, int]:
     """Positions of (sum, norm, zero count, non-finite count, dead units, saturated
     count), -1 where not applicable, then the number of units and the number of elements
-    the zero and saturated counts were taken over (both known on the host)."""
+    the zero and saturated counts were taken over (both known on the host).
+
+    finite: the caller knows every value is finite (its min and max are, read on the
+    host): the non-finite count is then 0 (position -1) without a counting pass, the
+    costliest of these reductions on the CPU (it allocates a tensor the size of x)."""
     f32 = torch.float32
     xs = _fraction_sample(x)
     p_sum = into.add(x.sum(dtype=f32))
     p_norm = into.add(torch.linalg.vector_norm(x, dtype=f32))
     p_zero = into.add((xs == 0).sum())
-    p_bad = into.add(torch.count_nonzero(x - x))  # x - x: 0 where finite, NaN elsewhere
+    # x - x: 0 where finite, NaN elsewhere
+    p_bad = -1 if finite else into.add(torch.count_nonzero(x - x))
     p_dead = p_sat = -1
     units = 0
     if role == "relu" and x.dim() >= 2:
@@ -111,7 +118,8 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
 def input_batch(x: torch.Tensor, rich: bool, into: Scalars) -> dict[str, int]:
     """Positions of a batch's summaries. Every step: min, max (a free non-finite flag),
     sum and a strided sum (with min and max, a fingerprint that tells an exact repeat of
-    the previous batch). Sampled steps add the norm, nonzero and finite counts."""
+    the previous batch). Sampled steps add the norm, nonzero and finite counts; the finite
+    count is -1 (all of them) where a CPU batch's min and max are finite."""
     xf = x if x.is_floating_point() else x.float()
     mn, mx = torch.aminmax(xf)
     pos = {"min": into.add(mn), "max": into.add(mx),
@@ -120,8 +128,24 @@ def input_batch(x: torch.Tensor, rich: bool, into: Scalars) -> dict[str, int]:
     if rich:
         pos["norm"] = into.add(torch.linalg.vector_norm(xf, dtype=torch.float32))
         pos["nonzero"] = into.add(torch.count_nonzero(xf))
-        pos["finite"] = into.add(torch.isfinite(xf).sum())
+        pos["finite"] = -1 if known_finite(mn, mx) else into.add(torch.isfinite(xf).sum())
     return pos
+
+
+HOST_DEVICES = frozenset({"cpu"})
+"""Device types whose values the host reads without a transfer (or a sync). The probe
+reads a few of them at once where that saves work; on any other device it never does.
+Tests empty it to run the accelerator code path on the CPU."""
+
+
+def on_host(t: torch.Tensor) -> bool:
+    return t.device.type in HOST_DEVICES
+
+
+def known_finite(mn: torch.Tensor, mx: torch.Tensor) -> bool:
+    """True if min and max are host values and finite (then every value is); False when
+    they are not, or live on an accelerator, where reading them would cost a sync."""
+    return on_host(mn) and math.isfinite(float(mn)) and math.isfinite(float(mx))
 
 
 def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:

@@ -44,3 +44,75 @@ def test_a_tensor_under_two_names_is_copied_and_counted_once() -> None:
     assert cap["grad"] is cap["weight.grad"]
     assert cap["grad"].data_ptr() != grad.data_ptr() and torch.equal(cap["grad"], grad)
     assert cap.nbytes == store.nbytes == grad.numel() * 4
+
+
+# -- what the probe holds for capture (real trainings) --------------------------------------
+def _wide_run(step_of_fault: int, kind: str):
+    """A 3-layer MLP with 1 MB activations (batch 512 x 512): a gradient blown up 1e6 x
+    at layer '2' (kind 'grad': the forward looks normal) or its weights x1000 (kind
+    'weight': the forward jumps) at one step that is neither sampled nor a reference."""
+    import neuraldbg_nb as ndbg
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(512, 64, generator=g), torch.randint(0, 4, (512,), generator=g)
+    step = 0
+    model[2].weight.register_hook(lambda grad: grad * 1e6 if kind == "grad" and step == step_of_fault else grad)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(step_of_fault + 3):
+            if kind == "weight" and step == step_of_fault:
+                with torch.no_grad():
+                    model[2].weight.mul_(1000)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    return run
+
+
+def test_a_large_cpu_activation_is_held_where_its_layer_jumps():
+    run = _wide_run(13, "weight")
+    ff = run.first_failure
+    assert (ff.step, ff.layer) == (13, "2")
+    cap = run.inspect(ff)
+    assert cap.step == 13 and cap["output"].shape == (512, 512) and cap["input"] is not None
+
+
+def test_a_large_cpu_activation_that_looked_normal_is_not_held(monkeypatch):
+    """A gradient event on a layer whose forward looked normal: on the CPU its 1 MB input
+    and output were not held through the backward (the allocator cost), so the capture
+    has the weights and gradients only, and asking for the output says why. The
+    accelerator code path holds them."""
+    from neuraldbg_nb import stats
+
+    run = _wide_run(13, "grad")
+    event = next(e for e in run.events if e.layer == "2" and e.kind == "exploding_gradient")
+    assert event.step == 13
+    cap = run.inspect(event)
+    assert cap.step == 13 and cap["grad"].abs().max() > 0
+    assert "output" not in cap.tensors
+    try:
+        cap["output"]
+    except KeyError as err:
+        assert "looked unusual" in str(err)
+    else:
+        raise AssertionError("a missing output must raise KeyError")
+
+    monkeypatch.setattr(stats, "HOST_DEVICES", frozenset())
+    run = _wide_run(13, "grad")
+    event = next(e for e in run.events if e.layer == "2" and e.kind == "exploding_gradient")
+    assert run.inspect(event)["output"].shape == (512, 512)
+
+
+def test_large_copies_are_exact_in_pages_of_their_own():
+    from neuraldbg_nb.capture import OWN_PAGES
+
+    big = torch.randn(OWN_PAGES // 2, 3)[:, 1]  # a strided view of a large tensor
+    for t in (big, big.to(torch.bfloat16), big > 0, torch.arange(OWN_PAGES, dtype=torch.int64)):
+        store = CaptureStore(64 * MB)
+        kept = store.add(1, "fc", EVENT, {"output": t})["output"]
+        assert kept.dtype == t.dtype and torch.equal(kept, t)
+        assert kept.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()

@@ -1,6 +1,7 @@
 """At most one device-to-host transfer per step: the probe's promise on a GPU.
 
-On the CPU the same code path is checked by counting what would sync on a GPU: scalar
+On the CPU the same code path (with `stats.HOST_DEVICES` emptied, so that the probe
+treats the CPU as an accelerator) is checked by counting what would sync on a GPU: scalar
 reads (`.item()`, `float(t)`: aten._local_scalar_dense) must not happen in the probe at
 all, and the step's numbers must reach the host in exactly one `Scalars.to_host` batch.
 On a CUDA machine the real count is taken with `torch.cuda.set_sync_debug_mode`.
@@ -48,6 +49,8 @@ def _train(model: nn.Module, steps: int, device: str) -> None:
 
 
 def test_one_host_transfer_per_step_and_no_scalar_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the accelerator code path: the CPU is not treated as the host
+    monkeypatch.setattr(stats, "HOST_DEVICES", frozenset())
     calls = []
     original = stats.Scalars.to_host
 
@@ -85,3 +88,25 @@ def test_cuda_sync_count_per_step() -> None:
     syncs = [w for w in seen if "synchroniz" in str(w.message).lower()]
     assert run.trace.n_steps == steps
     assert len(syncs) <= steps, f"{len(syncs)} syncs in {steps} steps"
+
+
+def test_host_shortcuts_record_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU the probe reads min and max at once to skip counting passes; the trace
+    must be the one the accelerator path records, NaN step included."""
+    def record() -> dict[str, object]:
+        model = _model("cpu")
+        with ndbg.watch(model, capture_mb=0, sample_every=2, report=False) as run:
+            _train(model, 12, "cpu")
+            with torch.no_grad():
+                model[3].weight[0, 0] = float("nan")
+            _train(model, 4, "cpu")
+        t = run.trace
+        return {c: t.col(c, 0, t.n_steps) for c in ("act_absmax", "act_nonfinite", "act_mean")} | {
+            c: t.scalar(c, 0, t.n_steps) for c in ("in_nonfinite", "in_absmax", "loss")}
+
+    host = record()
+    monkeypatch.setattr(stats, "HOST_DEVICES", frozenset())
+    device = record()
+    assert (host["act_nonfinite"] > 0).any()  # the NaN steps were sampled and counted
+    for name, values in host.items():
+        assert values.tobytes() == device[name].tobytes(), name

@@ -249,6 +249,19 @@ def test_parameters_not_in_the_optimizer():
     assert np.isfinite(g).all() and (g > 0).all()
 
 
+def test_a_replaced_optimizer_keeps_the_steps_counted():
+    """A notebook re-runs the cell that makes the optimizer: the old one is gone, the new
+    one's steps are the run's steps, and a fault after the switch is found there."""
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        _loop_setup(setup, 20)  # its optimizer is freed when the loop returns
+        _loop_setup(setup, 40, on_step_start=_scale_weight_at(setup.model, setup.layers["mid"], 25))
+    assert run.trace.n_steps == 60
+    assert np.isfinite(run.trace.scalar("loss")).all()
+    ff = run.first_failure
+    assert (ff.step, ff.layer) == (45, setup.layers["mid"])
+
+
 def _loop_setup(setup, steps, *, opt=None, on_step_start=None, zero=None):
     model = setup.model
     opt = opt if opt is not None else torch.optim.SGD(
