@@ -19,8 +19,8 @@
    add made. The claim checked: the store's bytes never exceed the budget, and peak RSS
    grows beyond the `capture_mb=0` run by at most the budget plus a slack: the largest
    copy one add made (kept in the slack although the store now makes room before it
-   copies), one step's layer outputs (watch() holds them to
-   the end of the step when capture_mb > 0) and `SLACK_FIXED`.
+   copies), one step's layer outputs (watch() holds them to the end of sampled,
+   reference and unusual steps when capture_mb > 0) and `SLACK_FIXED`.
 
 2. Trace bound. Synthetic traces recorded the way `benchmarks/panel_scale.py` makes
    them (healthy log-normal noise per layer, one 1000x activation jump in the later
@@ -62,8 +62,8 @@ sys.path.insert(0, str(ROOT))
 MB = 2**20
 SLACK_FIXED = 16 * MB
 """Allowance for run-to-run noise of peak RSS, on top of the largest single copy (an add
-copies the tensors before it evicts) and one step's layer outputs (held to the end of the
-step for captures)."""
+copies the tensors before it evicts) and one step's layer outputs (held to the end of
+sampled, reference and unusual steps for captures)."""
 
 
 def _status_kb(field: str) -> int:
@@ -319,7 +319,8 @@ def capture_table(configs: list[str], steps: int, width: int, batch: int, every:
               f"{_mb(allowed) + ' MB' if r is not ref else ''} | {verdict} |")
     print(f"\nslack = the largest copy one add made (kept although the store makes room before it copies) + one "
           f"step's layer outputs ({_mb(rows[0]['step_outputs'])} MB: with capture_mb > 0 they "
-          f"are held to the end of the step) + {SLACK_FIXED // MB} MB."
+          f"are held to the end of sampled, reference and unusual steps) + "
+          f"{SLACK_FIXED // MB} MB."
           + (" Rows marked 'fixed mmap threshold' ran with MALLOC_MMAP_THRESHOLD_=131072 "
              "and are compared with the capture_mb=0 row run so."
              if any(c.endswith("+mmap") for c in configs) else "")
