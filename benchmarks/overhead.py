@@ -3,6 +3,7 @@
     python benchmarks/overhead.py                 # full: 7 rounds x 20 steps per config
     python benchmarks/overhead.py --quick         # CI: 2 rounds x 3 steps, well under a minute
     python benchmarks/overhead.py --models mlp,cnn --rounds 9 --steps 30 --markdown
+    python benchmarks/overhead.py --threads 1 --clock cpu   # steadier on a shared machine
 
 Every configuration trains the same model with the same AdamW optimizer in one process.
 Each round runs every configuration once for `--steps` steps, in an order rotated from
@@ -262,7 +263,15 @@ def configs() -> tuple[list[Config], list[str]]:
     ], notes
 
 
-def run_block(b: Bench, c: Config, steps: int) -> float:
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""`wall`: elapsed time, what a user waits for. `cpu`: the CPU time of this process (all
+its threads), which leaves out the time other jobs on a shared machine take the cores
+away; with `--threads 1` it equals the wall time of an unshared run and is much steadier.
+(With several threads it under-weighs the debugger's single-threaded Python against
+PyTorch's parallel kernels, so use it with `--threads 1`.)"""
+
+
+def run_block(b: Bench, c: Config, steps: int, clock: Callable[[], float]) -> float:
     """Seconds per step for `steps` steps of config c (inside its context, not counting
     entering or leaving it)."""
     gc.collect()
@@ -270,10 +279,10 @@ def run_block(b: Bench, c: Config, steps: int) -> float:
         if run is not None:
             c.runs[b.key] = run
         step_fn = c.step
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(steps):
             step_fn(b)
-        t1 = time.perf_counter()
+        t1 = clock()
     return (t1 - t0) / steps
 
 
@@ -318,7 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, help="untimed steps per config first (default 10, quick 1)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall (default): elapsed time; cpu: this process's CPU time, "
+                         "steadier on a shared machine (use with --threads 1)")
     args = ap.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        print("note: --clock cpu with several threads under-weighs single-threaded "
+              "overhead; --threads 1 gives comparable ratios", file=sys.stderr)
+    clock = CLOCKS[args.clock]
     rounds = args.rounds or (2 if args.quick else 7)
     steps = args.steps or (3 if args.quick else 20)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
@@ -339,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(sources sha1 {source_digest()})")
     print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"load average at start: {load()} (other processes on the machine add noise)")
-    print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3")
+    print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3; "
+          f"{args.clock} clock")
     print(flush=True)
 
     cfgs, notes = configs()
@@ -348,11 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     for k, b in benches.items():
         for c in cfgs:  # warm-up: allocator, first-call paths, the watch's first steps
-            run_block(b, c, warmup)
+            run_block(b, c, warmup, clock)
         for r in range(rounds):
             order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
             for c in order:
-                times[k][c.key].append(run_block(b, c, steps))
+                times[k][c.key].append(run_block(b, c, steps, clock))
         med = statistics.median(times[k]["plain"]) * 1e3
         print(f"  {b.title}: plain {med:.1f} ms/step "
               f"({time.perf_counter() - t_start:.0f} s so far)", file=sys.stderr, flush=True)

@@ -20,6 +20,9 @@ def _run(*args: str) -> str:
 def test_overhead_benchmark_runs_in_quick_mode() -> None:
     out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp")
     assert "neuraldbg default" in out and "plain vs plain" in out
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "cnn", "--threads", "1",
+               "--clock", "cpu")
+    assert "cpu clock" in out and "neuraldbg default" in out
 
 
 def test_panel_scale_benchmark_runs_in_quick_mode() -> None:
