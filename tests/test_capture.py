@@ -4,8 +4,11 @@ tensor kept under two names stored (and counted) once."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from neuraldbg_nb.capture import EVENT, REFERENCE, CaptureStore
+import neuraldbg_nb as ndbg
+from neuraldbg_nb import stats
+from neuraldbg_nb.capture import EVENT, OWN_PAGES, REFERENCE, CaptureStore
 
 MB = 2**20
 
@@ -51,9 +54,6 @@ def _wide_run(step_of_fault: int, kind: str):
     """A 3-layer MLP with 1 MB activations (batch 512 x 512): a gradient blown up 1e6 x
     at layer '2' (kind 'grad': the forward looks normal) or its weights x1000 (kind
     'weight': the forward jumps) at one step that is neither sampled nor a reference."""
-    import neuraldbg_nb as ndbg
-    from torch import nn
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                           nn.Linear(512, 4))
@@ -61,7 +61,8 @@ def _wide_run(step_of_fault: int, kind: str):
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(512, 64, generator=g), torch.randint(0, 4, (512,), generator=g)
     step = 0
-    model[2].weight.register_hook(lambda grad: grad * 1e6 if kind == "grad" and step == step_of_fault else grad)
+    model[2].weight.register_hook(
+        lambda grad: grad * 1e6 if kind == "grad" and step == step_of_fault else grad)
     with ndbg.watch(model, report=False) as run:
         for step in range(step_of_fault + 3):
             if kind == "weight" and step == step_of_fault:
@@ -86,8 +87,6 @@ def test_a_large_cpu_activation_that_looked_normal_is_not_held(monkeypatch):
     and output were not held through the backward (the allocator cost), so the capture
     has the weights and gradients only, and asking for the output says why. The
     accelerator code path holds them."""
-    from neuraldbg_nb import stats
-
     run = _wide_run(13, "grad")
     event = next(e for e in run.events if e.layer == "2" and e.kind == "exploding_gradient")
     assert event.step == 13
@@ -108,8 +107,6 @@ def test_a_large_cpu_activation_that_looked_normal_is_not_held(monkeypatch):
 
 
 def test_large_copies_are_exact_in_pages_of_their_own():
-    from neuraldbg_nb.capture import OWN_PAGES
-
     big = torch.randn(OWN_PAGES // 2, 3)[:, 1]  # a strided view of a large tensor
     for t in (big, big.to(torch.bfloat16), big > 0, torch.arange(OWN_PAGES, dtype=torch.int64)):
         store = CaptureStore(64 * MB)
