@@ -159,7 +159,7 @@ OWN_PAGES = 1 << 18
 """Copies of at least this many bytes get pages of their own (an anonymous mmap) instead
 of the C allocator's heap, which is the training's. Copies kept there for minutes sit
 between the training's temporaries: its large buffers no longer fit the holes and are
-mapped afresh every step (about 5,000 more page faults per step on the benchmark CNN,
+mapped afresh every step (thousands more page faults per step on the benchmark CNN:
 time the step spends in the kernel), and the holes that evicted copies leave are kept by
 the allocator (resident memory grew to 1.6 x the budget). Pages of their own go back to
 the system as soon as a capture is evicted and never mix with the training's memory."""
@@ -193,6 +193,7 @@ def _release_freed_memory() -> None:
     """After an eviction, hand the heap's free pages back to the OS. Large copies have
     pages of their own and are unmapped at once; small ones (and, glibc being one heap,
     whatever else is free in it) are kept by glibc until trimmed, which left resident
-    memory 20-50 MB above the budget in `benchmarks/memory.py` when the store was full."""
+    memory up to 50 MB above the budget in `benchmarks/memory.py` when the store was
+    full."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

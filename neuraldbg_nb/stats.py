@@ -1,10 +1,12 @@
 """Device-side summaries: cheap reductions that stay on the tensor's device.
 
-Every function here returns 0-d tensors and never calls `.item()`: a step's summaries are
-collected in a `Scalars` batch and reach the host in one transfer per device. The cheap
-path (every step) is one `torch.aminmax` per activation (taken in the probe's hook), which
-also flags non-finite values for free (a NaN or Inf anywhere makes min or max non-finite).
-The rich path (sampled steps) adds sums, zero and non-finite counts, dead units and
+Every function here returns 0-d tensors and never reads an accelerator's value on the
+host: a step's summaries are collected in a `Scalars` batch and reach the host in one
+transfer per device. (Values on the CPU, `HOST_DEVICES`, are read at once where that
+saves a pass: `known_finite`.) The cheap path (every step) is one `torch.aminmax` per
+activation, or `amax` where it cannot be negative (taken in the probe's hook), which also
+flags non-finite values for free (a NaN or Inf anywhere makes min or max non-finite). The
+rich path (sampled steps) adds sums, zero and non-finite counts, dead units and
 saturation.
 """
 
@@ -139,6 +141,7 @@ Tests empty it to run the accelerator code path on the CPU."""
 
 
 def on_host(t: torch.Tensor) -> bool:
+    """True if `t`'s values can be read without a transfer (see `HOST_DEVICES`)."""
     return t.device.type in HOST_DEVICES
 
 
