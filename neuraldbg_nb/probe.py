@@ -112,8 +112,10 @@ class Probe:
 
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
-                 overhead: float | None = None, hold_jump: float = math.sqrt(10.0),
+                 overhead: float | None = None, hold_jump: float,
                  on_step: Callable[[StepRecord], None]) -> None:
+        """`hold_jump`: the abs-max move that makes a large CPU activation worth holding
+        for capture (the watch passes `sqrt(thresholds.jump)`, the wake test's factor)."""
         self.trace = trace
         self.sampler = Sampler(sample_every, overhead)
         self.activations = activations
