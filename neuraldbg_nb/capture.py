@@ -10,6 +10,7 @@ larger than a quarter of the budget is kept as an evenly strided sample and mark
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import ctypes.util
 import math
@@ -64,6 +65,9 @@ class CaptureStore:
             raise ValueError(f"capture budget must be >= 0 bytes, got {budget_bytes}")
         self.budget = budget_bytes
         self._items: dict[tuple[int, str | None], Capture] = {}
+        # eviction order without a sort per add: keys by step, one list per reason
+        self._order: dict[str, list[tuple[int, str | None]]] = {REFERENCE: [], EVENT: []}
+        self._heap_freed = 0  # bytes of evicted heap copies not yet handed back
         self.nbytes = 0
         self.dropped = 0
         """Captures that could not be kept within the budget."""
@@ -110,6 +114,7 @@ class CaptureStore:
         cap = Capture(step, layer, reason, {name: copies[sources[name]] for name in views},
                       frozenset(sampled))
         self._items[(step, layer)] = cap
+        bisect.insort(self._order[reason], (step, layer), key=_step_of)
         self.nbytes += cap.nbytes
         return cap
 
@@ -120,20 +125,20 @@ class CaptureStore:
             return True
         if reason == REFERENCE:
             return False  # references only fill free room; they never push anything out
-        # keys only: a Capture still referenced here would keep its memory
-        refs = sorted((k for k, c in self._items.items() if c.reason == REFERENCE),
-                      key=lambda k: k[0])
-        events = sorted((k for k, c in self._items.items() if c.reason == EVENT),
-                        key=lambda k: -k[0])
-        evicted = 0
-        for key in refs + events[:-1]:
-            if self.nbytes + need <= self.budget:
-                break
-            self.nbytes -= self._items.pop(key).nbytes
-            evicted += 1
-        if evicted:
+        refs, events = self._order[REFERENCE], self._order[EVENT]
+        while self.nbytes + need > self.budget and (refs or len(events) > 1):
+            # references oldest first, then events latest first; the earliest event stays
+            self._evict(refs.pop(0) if refs else events.pop())
+        if self._heap_freed >= TRIM_AFTER:
+            self._heap_freed = 0
             _release_freed_memory()
         return self.nbytes + need <= self.budget
+
+    def _evict(self, key: tuple[int, str | None]) -> None:
+        cap = self._items.pop(key)
+        self.nbytes -= cap.nbytes
+        unique = {id(t): t.numel() * t.element_size() for t in cap.tensors.values()}
+        self._heap_freed += sum(size for size in unique.values() if size < OWN_PAGES)
 
     def find(self, step: int, layer: str | None) -> Capture | None:
         """The capture of `layer` at `step`, else the nearest one of that layer, with a
@@ -155,6 +160,10 @@ class CaptureStore:
         return max(before, key=lambda c: c.step) if before else None
 
 
+def _step_of(key: tuple[int, str | None]) -> int:
+    return key[0]
+
+
 OWN_PAGES = 1 << 18
 """Copies of at least this many bytes get pages of their own (an anonymous mmap) instead
 of the C allocator's heap, which is the training's. Copies kept there for minutes sit
@@ -163,6 +172,12 @@ mapped afresh every step (thousands more page faults per step on the benchmark C
 time the step spends in the kernel), and the holes that evicted copies leave are kept by
 the allocator (resident memory grew to 1.6 x the budget). Pages of their own go back to
 the system as soon as a capture is evicted and never mix with the training's memory."""
+
+
+TRIM_AFTER = 4 << 20
+"""Heap bytes evicted before they are handed back to the OS (`malloc_trim` walks the
+whole heap: about a millisecond each time, once per eviction it cost a 100-layer model 1%
+of its step time)."""
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -190,7 +205,7 @@ _MALLOC_TRIM = _load_trim()
 
 
 def _release_freed_memory() -> None:
-    """After an eviction, hand the heap's free pages back to the OS. Large copies have
+    """After evictions (`TRIM_AFTER`), hand the heap's free pages back to the OS. Large copies have
     pages of their own and are unmapped at once; small ones (and, glibc being one heap,
     whatever else is free in it) are kept by glibc until trimmed, which left resident
     memory up to 50 MB above the budget in `benchmarks/memory.py` when the store was

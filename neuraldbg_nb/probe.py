@@ -133,7 +133,7 @@ class Probe:
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
         self._params_cache: list[tuple[str, nn.Parameter, int]] = []
         self._probe_key: list[int] = []  # storage address of each trained weight, 0 if frozen
-        self._probe: tuple[list[torch.Tensor], list[int]] = ([], [])  # weight slices, layers
+        self._probe: tuple[stats.StackPlan, list[int]] = ([], [])  # weight slices, layers
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
         self.compiled_seen = False
@@ -145,7 +145,7 @@ class Probe:
         self._reset_step()
         self._pending_post: tuple[list[int], list[int]] | None = None
         self._pending_update: tuple[list[int], list[int], list[int]] | None = None
-        self._before: list[torch.Tensor] | None = None
+        self._before: stats.Stacks | None = None  # the weight probe before a sampled update
         self._last_fingerprint: tuple[float, ...] | None = None
         for prefix, root in roots or []:
             self._add_root(root, prefix)
@@ -284,7 +284,7 @@ class Probe:
         if self._sampled:
             t0 = time.perf_counter()
             rich = stats.rich_activation(y, c.role, c.bounds, self._sc,
-                                         finite=stats.known_finite(mn, mx))
+                                         finite=stats.known_finite(mn, mx), nonneg=c.nonneg)
             self._rich.append((idx, numel, rich))
             self.sampler.spent += time.perf_counter() - t0
         if self._hold and (self._hold_all or numel * y.element_size() < HOLD_FREELY
@@ -380,9 +380,10 @@ class Probe:
             self._params_cache = [(name, p, self._layer(mid)) for name, p, mid in self._owners]
         return self._params_cache
 
-    def _weight_probe(self) -> tuple[list[torch.Tensor], list[int]]:
-        """The first `WEIGHT_PROBE` elements of each trained weight (as views) and its
-        layer index. Kept from step to step while every weight keeps its storage and its
+    def _weight_probe(self) -> tuple[stats.StackPlan, list[int]]:
+        """The first `WEIGHT_PROBE` elements of each trained weight (about as many of its
+        first rows where it is not contiguous, e.g. channels-last), as views, and its
+        layer index, grouped for `stats.stacked`. Kept from step to step while every weight keeps its storage and its
         `requires_grad` (so `p.data = ...` and freezing are followed), which costs one
         address read per weight instead of building the views again."""
         params = self._params()
@@ -392,9 +393,10 @@ class Probe:
             for _, p, i in params:
                 if p.requires_grad:
                     w = p.detach()
-                    views.append(w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else w)
+                    views.append(w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else
+                                 w[:max(1, WEIGHT_PROBE // max(1, w[0].numel()))])
                     idx.append(i)
-            self._probe_key, self._probe = key, (views, idx)
+            self._probe_key, self._probe = key, (stats.stack_plan(views), idx)
         return self._probe
 
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
@@ -439,7 +441,7 @@ class Probe:
         self.trace.append(row, scalars)
 
         if self._sampled and opt is not None:
-            self._before = [w.clone() for w in self._weight_probe()[0]]
+            self._before = stats.stacked(self._weight_probe()[0])
         record = StepRecord(step, self._refs, self._batch, params)
         self._sampled = self.sampler.next(step, self._sampled)
         refs = self._refs
@@ -456,18 +458,20 @@ class Probe:
         Both read the first `WEIGHT_PROBE` elements of each weight tensor: an update that
         moves weights by more than their size (a bad learning rate, an in-place edit)
         moves every part of them, and a fixed slice costs the same for a small layer and a
-        large one, where reading all the weights would be a full pass over the model."""
-        probes, idx = self._weight_probe()
+        large one, where reading all the weights would be a full pass over the model. The
+        slices are copied in stacks of equal size (`stats.stacked`): a few ops for hundreds
+        of layers, and the copy taken before a sampled update is what it is compared with."""
+        plan, idx = self._weight_probe()
+        now = stats.stacked(plan)
         before, self._before = self._before, None
-        if before is not None and len(before) == len(probes) and all(
-                a.shape == b.shape for a, b in zip(before, probes)):
-            diffs = list(torch._foreach_sub(probes, before)) if probes else []
-            pos = stats.grouped_norms(probes + diffs + before, self._sc)
-            k = len(probes)
-            self._pending_post = (pos[:k], idx)
-            self._pending_update = (pos[k:2 * k], pos[2 * k:], idx)
+        if before is not None and len(before) == len(now) and all(
+                a == b and x.shape == y.shape for (a, x), (b, y) in zip(now, before)):
+            diffs = [(i, x - y) for (i, x), (_, y) in zip(now, before)]
+            self._pending_post = (stats.stacked_norms(now, self._sc), idx)
+            self._pending_update = (stats.stacked_norms(diffs, self._sc),
+                                    stats.stacked_norms(before, self._sc), idx)
         else:
-            self._pending_post = (stats.grouped_norms(probes, self._sc), idx)
+            self._pending_post = (stats.stacked_norms(now, self._sc), idx)
 
     def flush(self) -> None:
         """At exit: move the last update's weight norms into the last row."""

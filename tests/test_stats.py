@@ -1,0 +1,68 @@
+"""Device-side summaries against plain PyTorch: norms of mixed tensors (half precision,
+sparse, non-contiguous, several dtypes, non-finite), and the weight probe's stacks
+following weights that change in place."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import neuraldbg_nb as ndbg
+from neuraldbg_nb import stats
+
+
+def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
+    g = torch.Generator().manual_seed(0)
+    tensors = [
+        torch.randn(128, generator=g), torch.randn(64, 70, generator=g),
+        torch.randn(3, 3, generator=g).t(),  # not contiguous
+        torch.randn(16, generator=g).half() * 1000,  # float16: accumulated in float32
+        torch.randn(16, generator=g).half() * 1000,
+        torch.randn(5, dtype=torch.float64, generator=g),
+        torch.sparse_coo_tensor([[0, 3]], [3.0, 4.0], (10,), check_invariants=True),
+        torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 1.0]),
+    ]
+    sc = stats.Scalars()
+    sc.add(torch.tensor(7.0))  # positions count from what the step holds already
+    pos = stats.grouped_norms(tensors, sc)
+    got = sc.to_host()[pos]
+    want = [torch.linalg.vector_norm(t.to_dense().double()).item() for t in tensors]
+    assert got[-2] == math.inf and math.isnan(got[-1])
+    for a, b in zip(got[:-2], want[:-2]):
+        assert math.isclose(a, b, rel_tol=2e-3), (a, b)
+
+
+def test_the_weight_probe_follows_every_update_of_a_channels_last_model() -> None:
+    """The probe's slices are views kept from step to step: a copy taken by mistake (a
+    reshape of a non-contiguous weight) would leave the weight norms frozen."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 6 * 6, 3)).to(memory_format=torch.channels_last)
+    assert not model[0].weight.is_contiguous()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(12):
+            x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    df = run.to_dataframe()
+    for layer in ("0", "3"):
+        norms = df[df.layer == layer].sort_values("step").param_norm.to_numpy()
+        assert len(norms) == 12 and (norms[1:] != norms[:-1]).all(), (layer, norms)
+        ratios = df[(df.layer == layer) & df.update_ratio.notna()].update_ratio
+        assert len(ratios) >= 1 and (ratios > 0).all()
+
+
+def test_zeros_counted_from_signs_match_a_plain_count() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 500, generator=g)
+    x[x.abs() < 0.5] = 0.0  # about 38% exact zeros, in a tensor sampled for fractions
+    for t, nonneg in ((x, False), (x.relu(), True), (x[:40], False)):
+        sc = stats.Scalars()
+        fast = stats.rich_activation(t, "linear", None, sc, finite=True, nonneg=nonneg)
+        plain = stats.rich_activation(t, "linear", None, sc, finite=False)
+        v = sc.to_host()
+        assert fast[7] == plain[7] and v[fast[2]] == v[plain[2]] > 0, (v[fast[2]], v[plain[2]])
