@@ -205,10 +205,10 @@ _MALLOC_TRIM = _load_trim()
 
 
 def _release_freed_memory() -> None:
-    """After evictions (`TRIM_AFTER`), hand the heap's free pages back to the OS. Large copies have
-    pages of their own and are unmapped at once; small ones (and, glibc being one heap,
-    whatever else is free in it) are kept by glibc until trimmed, which left resident
-    memory up to 50 MB above the budget in `benchmarks/memory.py` when the store was
-    full."""
+    """After evictions (`TRIM_AFTER`), hand the heap's free pages back to the OS. Large
+    copies have pages of their own and are unmapped at once; small ones (and, glibc being
+    one heap, whatever else is free in it) are kept by glibc until trimmed, which left
+    resident memory up to 50 MB above the budget in `benchmarks/memory.py` when the store
+    was full."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

@@ -382,10 +382,11 @@ class Probe:
 
     def _weight_probe(self) -> tuple[stats.StackPlan, list[int]]:
         """The first `WEIGHT_PROBE` elements of each trained weight (about as many of its
-        first rows where it is not contiguous, e.g. channels-last), as views, and its
-        layer index, grouped for `stats.stacked`. Kept from step to step while every weight keeps its storage and its
-        `requires_grad` (so `p.data = ...` and freezing are followed), which costs one
-        address read per weight instead of building the views again."""
+        first rows where it is not contiguous, e.g. channels-last), as views grouped for
+        `stats.stacked`, and its layer index. Kept from step to step while every weight
+        keeps its storage and its `requires_grad` (so `p.data = ...` and freezing are
+        followed), which costs one address read per weight instead of building them
+        again."""
         params = self._params()
         key = [p.data_ptr() if p.requires_grad else 0 for _, p, _ in params]
         if key != self._probe_key:

@@ -107,8 +107,7 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     finite: the caller knows every value is finite (its min and max are, read on the
     host): the non-finite count is then 0 (position -1) without a counting pass, the
     costliest of these reductions on the CPU (it allocates a tensor the size of x), and
-    the zeros are counted from signs. nonneg: no value is below zero (a ReLU's output).
-    FRACTION_SAMPLE keeps the sign count exact in float32."""
+    the zeros are counted from signs. nonneg: no value is below zero (a ReLU's output)."""
     f32 = torch.float32
     xs = _fraction_sample(x)
     p_sum = into.add(x.sum(dtype=f32))
