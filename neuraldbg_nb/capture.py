@@ -67,7 +67,7 @@ class CaptureStore:
         self._items: dict[tuple[int, str | None], Capture] = {}
         # eviction order without a sort per add: keys by step, one list per reason
         self._order: dict[str, list[tuple[int, str | None]]] = {REFERENCE: [], EVENT: []}
-        self._heap_freed = 0  # bytes of evicted heap copies not yet handed back
+        self._freed = 0  # bytes evicted since the heap was last trimmed
         self.nbytes = 0
         self.dropped = 0
         """Captures that could not be kept within the budget."""
@@ -127,18 +127,19 @@ class CaptureStore:
             return False  # references only fill free room; they never push anything out
         refs, events = self._order[REFERENCE], self._order[EVENT]
         while self.nbytes + need > self.budget and (refs or len(events) > 1):
-            # references oldest first, then events latest first; the earliest event stays
-            self._evict(refs.pop(0) if refs else events.pop())
-        if self._heap_freed >= TRIM_AFTER:
-            self._heap_freed = 0
+            # references oldest first; then the latest step's events in the order they
+            # came; the earliest step's last event stays
+            self._evict(refs.pop(0) if refs else
+                        events.pop(bisect.bisect_left(events, events[-1][0], key=_step_of)))
+        if self._freed >= TRIM_AFTER:
+            self._freed = 0
             _release_freed_memory()
         return self.nbytes + need <= self.budget
 
     def _evict(self, key: tuple[int, str | None]) -> None:
         cap = self._items.pop(key)
         self.nbytes -= cap.nbytes
-        unique = {id(t): t.numel() * t.element_size() for t in cap.tensors.values()}
-        self._heap_freed += sum(size for size in unique.values() if size < OWN_PAGES)
+        self._freed += cap.nbytes
 
     def find(self, step: int, layer: str | None) -> Capture | None:
         """The capture of `layer` at `step`, else the nearest one of that layer, with a
@@ -175,9 +176,11 @@ the system as soon as a capture is evicted and never mix with the training's mem
 
 
 TRIM_AFTER = 4 << 20
-"""Heap bytes evicted before they are handed back to the OS (`malloc_trim` walks the
-whole heap: about a millisecond each time, once per eviction it cost a 100-layer model 1%
-of its step time)."""
+"""Bytes evicted before the heap's free pages are handed back to the OS. `malloc_trim`
+walks the whole heap (about a millisecond); once per eviction it cost a 100-layer model,
+whose captures are small and many, 1% of its step time. Large copies are unmapped at
+eviction anyway, but trimming after them also hands back the training's own free heap
+(30 MB of peak RSS in `benchmarks/memory.py`), so they count too."""
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,19 @@ def test_budget_is_never_exceeded_and_events_push_out_references() -> None:
     assert store.nbytes == sum(c.nbytes for c in store)
 
 
+def test_events_go_latest_step_first_and_the_first_failure_keeps_one_capture() -> None:
+    store = CaptureStore(4 * MB)
+    for layer in ("a", "b", "c", "d"):  # four layers fire at the first failure, in order
+        store.add(5, layer, EVENT, _tensors(1))
+    store.add(6, "x", EVENT, _tensors(1))  # full: step 5's captures go in the order they came
+    store.add(7, "x", EVENT, _tensors(1))  # the latest step (6) goes first
+    assert sorted(store._items) == [(5, "b"), (5, "c"), (5, "d"), (7, "x")]
+    two = {"output": torch.ones(MB // 4), "input": torch.zeros(MB // 4)}
+    assert store.add(8, "x", EVENT, two) is not None
+    assert sorted(store._items) == [(5, "c"), (5, "d"), (8, "x")]
+    assert store.nbytes == 4 * MB
+
+
 def test_a_capture_larger_than_the_budget_is_dropped_and_counted() -> None:
     store = CaptureStore(MB)
     # each tensor alone is sampled down to a quarter of the budget; six of them do not fit
