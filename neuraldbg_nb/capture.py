@@ -18,8 +18,11 @@ import mmap
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 
 import torch
+
+_STEP = itemgetter(0)  # the step of a (step, layer) key
 
 REFERENCE = "reference"
 EVENT = "event"
@@ -114,7 +117,7 @@ class CaptureStore:
         cap = Capture(step, layer, reason, {name: copies[sources[name]] for name in views},
                       frozenset(sampled))
         self._items[(step, layer)] = cap
-        bisect.insort(self._order[reason], (step, layer), key=_step_of)
+        bisect.insort(self._order[reason], (step, layer), key=_STEP)
         self.nbytes += cap.nbytes
         return cap
 
@@ -130,7 +133,7 @@ class CaptureStore:
             # references oldest first; then the latest step's events in the order they
             # came; the earliest step's last event stays
             self._evict(refs.pop(0) if refs else
-                        events.pop(bisect.bisect_left(events, events[-1][0], key=_step_of)))
+                        events.pop(bisect.bisect_left(events, events[-1][0], key=_STEP)))
         if self._freed >= TRIM_AFTER:
             self._freed = 0
             _release_freed_memory()
@@ -159,10 +162,6 @@ class CaptureStore:
         before = [c for c in self._items.values()
                   if c.layer == layer and c.reason == REFERENCE and c.step < step]
         return max(before, key=lambda c: c.step) if before else None
-
-
-def _step_of(key: tuple[int, str | None]) -> int:
-    return key[0]
 
 
 OWN_PAGES = 1 << 18

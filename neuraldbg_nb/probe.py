@@ -115,7 +115,7 @@ class Probe:
                  overhead: float | None = None, hold_jump: float,
                  on_step: Callable[[StepRecord], None]) -> None:
         """`hold_jump`: the abs-max move that makes a large CPU activation worth holding
-        for capture (the watch passes `sqrt(thresholds.jump)`, the wake test's factor)."""
+        for capture (the watch passes `Thresholds.wake_jump`, the wake test's factor)."""
         self.trace = trace
         self.sampler = Sampler(sample_every, overhead)
         self.activations = activations

@@ -8,6 +8,7 @@ training again.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -70,6 +71,14 @@ class Thresholds:
         for name in ("window", "warmup", "patience", "trend"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name} must be >= 1, got {getattr(self, name)!r}")
+
+    @property
+    def wake_jump(self) -> float:
+        """The move (a factor, either way) that makes a number worth a closer look at once:
+        half the regime-shift jump in decades. The live scan wakes on it (`wake`), and the
+        probe holds a large CPU activation for capture on it. (The wake test only decides
+        when detection runs, never what it finds.)"""
+        return math.sqrt(self.jump)
 
     def with_(self, **changes: Any) -> Thresholds:
         """A copy with some fields changed; unknown names get a spelling hint."""

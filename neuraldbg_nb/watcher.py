@@ -79,7 +79,7 @@ class Watch:
         self._probe = Probe(trace, _roots(model), sample_every=sample_every,
                             hold_refs=capture_mb > 0 and activations,
                             activations=activations, overhead=overhead,
-                            hold_jump=math.sqrt(th.jump), on_step=self._on_step)
+                            hold_jump=th.wake_jump, on_step=self._on_step)
         self._active = False
         self._schedule = ScanSchedule(th)
         self._seen = 0

@@ -36,7 +36,7 @@ def wake(trace: Trace, th: Thresholds) -> bool:
     n_layers = trace.n_layers
     # half the jump (in decades) wakes; gradients swing by a decade on ordinary batches and
     # only warn from jump_error, so they wake from half of that
-    factor = np.full(now.shape, 0.5 * np.log10(th.jump))
+    factor = np.full(now.shape, np.log10(th.wake_jump))
     factor[2 * n_layers: 3 * n_layers] = 0.5 * np.log10(max(th.jump, th.jump_error))
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.abs(np.log10(now / before))
