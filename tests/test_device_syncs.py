@@ -101,7 +101,8 @@ def test_host_shortcuts_record_the_same_numbers(monkeypatch: pytest.MonkeyPatch)
                 model[3].weight[0, 0] = float("nan")
             _train(model, 4, "cpu")
         t = run.trace
-        return {c: t.col(c, 0, t.n_steps) for c in ("act_absmax", "act_nonfinite", "act_mean")} | {
+        layer_cols = ("act_absmax", "act_nonfinite", "act_mean", "zero_frac")
+        return {c: t.col(c, 0, t.n_steps) for c in layer_cols} | {
             c: t.scalar(c, 0, t.n_steps) for c in ("in_nonfinite", "in_absmax", "loss")}
 
     host = record()
