@@ -17,6 +17,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,6 +105,7 @@ class _Candidate:
     role: str
     bounds: tuple[float, float] | None
     nonneg: bool
+    relu: bool  # exactly nn.ReLU: its max is the max of its input, floored at 0
     index: int = -1  # the trace's layer index, given at the first call (forward order)
 
 
@@ -122,7 +124,7 @@ class Probe:
         self._given = roots is not None
         self._hold = hold_refs
         self._hold_jump = hold_jump
-        self._last_absmax = np.zeros(0, np.float32)  # per layer, from the last step
+        self._last_absmax: list[float] = []  # per layer, from the last step
         self._on_step = on_step
         self._handles: list[RemovableHandle] = []
         self._unsubscribe: Callable[[], None] | None = None
@@ -142,6 +144,8 @@ class Probe:
         self._sc = stats.Scalars()
         self._sampled = True
         self._batch: torch.Tensor | None = None
+        # the last output reduced, its version then and its max: see `_derived`
+        self._last: tuple[weakref.ref[torch.Tensor] | None, int, Any] = (None, -1, math.nan)
         self._reset_step()
         self._pending_post: tuple[list[int], list[int]] | None = None
         self._pending_update: tuple[list[int], list[int], list[int]] | None = None
@@ -212,7 +216,8 @@ class Probe:
         for name, m in iter_layers(root, prefix):
             if id(m) in self._cand:
                 continue
-            c = self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m), is_nonnegative(m))
+            c = self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m),
+                                               is_nonnegative(m), type(m) is nn.ReLU)
             new.append(c)
             for pname, p in m.named_parameters(recurse=False):
                 if id(p) not in seen:
@@ -260,9 +265,10 @@ class Probe:
         self._root_depth = max(0, self._root_depth - 1)
 
     def _post(self, c: _Candidate, module: nn.Module, args: tuple, output: object) -> None:
-        """A layer's forward hook: the cheap path (min and max, kept on the device until
-        the step closes), and the rich statistics on sampled steps. It runs on every
-        layer call, so it is kept to a few attribute reads around one reduction."""
+        """A layer's forward hook: the cheap path (min and max: read at once on the host,
+        kept on the device until the step closes elsewhere), and the rich statistics on
+        sampled steps. It runs on every layer call, so it is kept to a few attribute
+        reads around one reduction (none for a ReLU fed by the layer just reduced)."""
         if _is_compiling():
             self.compiled_seen = True
             return
@@ -273,36 +279,64 @@ class Probe:
         if numel == 0:
             return
         idx = c.index if c.index >= 0 else self._layer(id(module))
+        x = args[0] if args and type(args[0]) is torch.Tensor and args[0].is_floating_point() \
+            else first_tensor(args)
+        mx: Any = self._derived(x, bool(module.inplace)) if c.relu and x is not None else None
         y = y.detach()
-        if c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of aminmax
+        if mx is not None:
+            mn = mx
+        elif c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of aminmax
             mn = mx = y.amax()
         else:
             mn, mx = torch.aminmax(y)
+        host = stats.on_host(y)
+        if host:  # two floats now instead of two tensors to stack, move and free later
+            if type(mx) is not float:
+                mn, mx = mn.item(), mx.item()
+            last_mx = mx
+        else:
+            self._c_dev.append(len(self._c_idx))
+            self._d_mn.append(mn)
+            self._d_mx.append(mx)
+            last_mx, mn, mx = mx, math.nan, math.nan
         self._c_idx.append(idx)
         self._c_mn.append(mn)
         self._c_mx.append(mx)
+        if type(output) is torch.Tensor:
+            self._last = (weakref.ref(output), output._version, last_mx)
         if self._sampled:
             t0 = time.perf_counter()
-            rich = stats.rich_activation(y, c.role, c.bounds, self._sc,
-                                         finite=stats.known_finite(mn, mx), nonneg=c.nonneg)
+            finite = host and math.isfinite(mn) and math.isfinite(mx)
+            rich = stats.rich_activation(y, c.role, c.bounds, self._sc, finite=finite,
+                                         nonneg=c.nonneg)
             self._rich.append((idx, numel, rich))
             self.sampler.spent += time.perf_counter() - t0
         if self._hold and (self._hold_all or numel * y.element_size() < HOLD_FREELY
-                           or self._unusual(idx, y, mn, mx)):
-            self._refs[idx] = (first_tensor(args), y)  # the capture store detaches them
+                           or not host or self._unusual(idx, mn, mx)):
+            self._refs[idx] = (x, y)  # the capture store detaches them
 
-    def _unusual(self, idx: int, y: torch.Tensor, mn: torch.Tensor, mx: torch.Tensor) -> bool:
-        """Is a large activation worth holding for capture (see `HOLD_FREELY`)? Always on
-        accelerators (deciding would need a transfer); on the CPU, where min and max are
-        already on the host, when it is non-finite or its abs-max moved by `hold_jump` or
-        more since the last step (the same test that wakes detection). Small activations,
-        and all of them on sampled steps (dead units and saturation are judged there) and
-        reference steps, are always held. An event on a layer that looked normal (a
-        gradient one) is then captured without its input and output."""
-        if not stats.on_host(y):
-            return True
-        now = max(abs(float(mn)), abs(float(mx)))
-        before = float(self._last_absmax[idx]) if idx < len(self._last_absmax) else math.nan
+    def _derived(self, x: torch.Tensor, inplace: bool) -> Any:
+        """A ReLU's max (a float on the host, else a device tensor) from its input's,
+        where its input is the output the last hook reduced, unchanged since (but for
+        the ReLU itself, if in place): max(relu(x)) = max(max(x), 0), NaN kept; None
+        otherwise."""
+        ref, version, mx = self._last
+        if ref is None or ref() is not x or x._version != version + inplace:
+            return None
+        if isinstance(mx, torch.Tensor):
+            return mx.clamp_min(0.0)  # clamp keeps NaN
+        return mx if not mx < 0.0 else 0.0  # a NaN stays NaN
+
+    def _unusual(self, idx: int, mn: float, mx: float) -> bool:
+        """Is a large CPU activation worth holding for capture (see `HOLD_FREELY`)? When
+        it is non-finite or its abs-max moved by `hold_jump` or more since the last step
+        (the same test that wakes detection). Small activations, all of them on sampled
+        steps (dead units and saturation are judged there) and reference steps, and all
+        of them on accelerators (deciding would need a transfer) are always held. An
+        event on a layer that looked normal (a gradient one) is then captured without its
+        input and output."""
+        now = max(abs(mn), abs(mx))  # a NaN is in both
+        before = self._last_absmax[idx] if idx < len(self._last_absmax) else math.nan
         if now == before:
             return False
         return not (math.isfinite(now) and before > 0
@@ -362,8 +396,12 @@ class Probe:
     # -- the step boundary -------------------------------------------------------------
     def _reset_step(self) -> None:
         self._c_idx: list[int] = []
-        self._c_mn: list[torch.Tensor] = []
-        self._c_mx: list[torch.Tensor] = []
+        self._c_mn: list[float] = []  # NaN where the value is on a device (below)
+        self._c_mx: list[float] = []
+        self._c_dev: list[int] = []  # positions in the lists above of device values
+        self._d_mn: list[torch.Tensor] = []
+        self._d_mx: list[torch.Tensor] = []
+        self._last = (None, -1, math.nan)
         self._rich: list[tuple[int, int, tuple[int, ...]]] = []
         self._inputs: list[tuple[dict[str, int], int]] = []
         self._losses: list[int] = []
@@ -405,7 +443,7 @@ class Probe:
         params = self._params()
         with_grad = [(p.grad, idx) for _, p, idx in params if p.grad is not None]
         g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
-        p_mn, p_mx = sc.extend(self._c_mn), sc.extend(self._c_mx)
+        p_mn, p_mx = sc.extend(self._d_mn), sc.extend(self._d_mx)
         lr_host, lr_pos = math.nan, -1
         if opt is not None and opt.param_groups:
             lr = opt.param_groups[0].get("lr", math.nan)
@@ -418,9 +456,12 @@ class Probe:
         step = self.trace.n_steps
         n = self.trace.n_layers
         row: dict[str, np.ndarray] = {}
-        row["act_absmax"] = self._absmax(v[p_mn:p_mn + len(self._c_mn)],
-                                         v[p_mx:p_mx + len(self._c_mx)], n)
-        self._last_absmax = row["act_absmax"]
+        mins, maxs = np.array(self._c_mn, np.float64), np.array(self._c_mx, np.float64)
+        if self._c_dev:
+            k = np.asarray(self._c_dev)
+            mins[k], maxs[k] = v[p_mn:p_mn + len(k)], v[p_mx:p_mx + len(k)]
+        row["act_absmax"] = self._absmax(mins, maxs, n)
+        self._last_absmax = row["act_absmax"].tolist()
         if self._rich:
             row.update(self._rich_columns(v, n))
         row["grad_norm"] = _layer_norms(v, g_pos, [i for _, i in with_grad], n)

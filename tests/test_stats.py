@@ -66,3 +66,53 @@ def test_zeros_counted_from_signs_match_a_plain_count() -> None:
         plain = stats.rich_activation(t, "linear", None, sc, finite=False)
         v = sc.to_host()
         assert fast[7] == plain[7] and v[fast[2]] == v[plain[2]] > 0, (v[fast[2]], v[plain[2]])
+
+
+class _EditsInPlace(nn.Module):
+    """A ReLU whose input was changed in place after the layer before it was read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h.mul_(-3.0)
+        return self.act(h)
+
+
+def test_relu_maxima_taken_from_the_layer_before_match_the_real_ones() -> None:
+    """A ReLU fed by the layer just reduced is not reduced again (its max is that
+    layer's, floored at 0): the recorded abs-max must be the real one for a plain ReLU,
+    an in-place one, one whose input was edited in place in between, and at a NaN."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(inplace=True),
+                          _EditsInPlace(), nn.Linear(8, 2))
+    with torch.no_grad():
+        model[2].bias.fill_(-100.0)  # every unit of the ReLU after it is zero: max 0
+    real: dict[str, list[float]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.ReLU, nn.Linear)):
+            m.register_forward_hook(lambda m, a, out, name=name: real.setdefault(name, []).append(
+                out.detach().abs().max().item()))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(6):
+            if step == 4:
+                with torch.no_grad():
+                    model[0].weight[0, 0] = math.nan
+            x, y = torch.randn(16, 8, generator=g), torch.randint(0, 2, (16,), generator=g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    t = run.trace
+    got = t.col("act_absmax", 0, t.n_steps)
+    for name, values in real.items():
+        col = got[:, t.layer_names.index(name)].astype(float)
+        want = torch.tensor(values).float().numpy().astype(float)
+        recorded = [v if math.isfinite(v) else math.inf for v in want]  # non-finite: inf
+        assert col.tolist() == recorded, name
+    assert real["3"][0] == 0.0 and real["4.act"][0] > 0
+    assert math.isinf(got[4, t.layer_names.index("1")])
