@@ -302,7 +302,7 @@ class Probe:
         self._c_idx.append(idx)
         self._c_mn.append(mn)
         self._c_mx.append(mx)
-        if type(output) is torch.Tensor:
+        if type(output) is torch.Tensor and not output.is_inference():  # no version there
             self._last = (weakref.ref(output), output._version, last_mx)
         if self._sampled:
             t0 = time.perf_counter()

@@ -184,6 +184,27 @@ def test_module_returning_none_is_harmless():
     _no_errors(run)
 
 
+def test_evaluation_inside_the_loop_under_inference_mode_and_no_grad():
+    """Forwards that do not train (an eval every few steps) run the same hooks; inference
+    tensors have no version counter, and reading one raises."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(inplace=True),
+                          nn.Linear(16, 2))
+    x, _ = _batches(1)
+
+    def evaluate(step, m, opt):
+        with torch.inference_mode():
+            m(x[step])
+        with torch.no_grad():
+            m(x[step])
+
+    with ndbg.watch(model, report=False) as run:
+        _loop(model, 12, on_step_start=evaluate)
+    assert run.trace.n_steps == 12
+    assert np.isfinite(run.trace.col("act_absmax")).all()
+    _no_errors(run)
+
+
 # -- integer inputs -----------------------------------------------------------------------
 def test_integer_inputs_embeddings():
     setup = transformer()
