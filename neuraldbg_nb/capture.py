@@ -182,8 +182,9 @@ eviction anyway, but trimming after them also hands back the training's own free
 (30 MB of peak RSS in `benchmarks/memory.py`), so they count too."""
 
 
-_PRIVATE_PAGES = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-                  } if hasattr(mmap, "MAP_ANONYMOUS") else {}
+_PRIVATE_PAGES: dict[str, int] = (
+    {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)}
+    if hasattr(mmap, "MAP_ANONYMOUS") else {})
 """Private pages, mapped in one go: an anonymous mmap is shared memory by default, whose
 page faults cost more, and faulting the pages in one by one as the copy first touches
 them costs more again; together they made a 1 MB copy take twice as long here (1.3 ms
