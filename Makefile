@@ -36,11 +36,13 @@ lab: setup
 
 bench: setup
 	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/self_time.py
 	$(PY) benchmarks/panel_scale.py
 	$(PY) benchmarks/memory.py
 
 bench-quick: setup
 	$(PY) benchmarks/overhead.py --quick
+	$(PY) benchmarks/self_time.py --quick
 	$(PY) benchmarks/panel_scale.py --quick
 	$(PY) benchmarks/memory.py --quick
 

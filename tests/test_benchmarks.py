@@ -25,6 +25,14 @@ def test_overhead_benchmark_runs_in_quick_mode() -> None:
     assert "cpu clock" in out and "neuraldbg default" in out
 
 
+def test_self_time_benchmark_runs_in_quick_mode_and_charges_every_part() -> None:
+    out = _run("benchmarks/self_time.py", "--quick")
+    assert "neuraldbg default" in out and "gradients only" in out
+    total = next(line for line in out.splitlines() if line.startswith("total "))
+    quiet, mean = total.split()[1], total.split()[5]  # "total  quiet / sampled / mean"
+    assert float(quiet) > 0 and float(mean) > 0  # the wrappers saw the engine's code run
+
+
 def test_panel_scale_benchmark_runs_in_quick_mode() -> None:
     out = _run("benchmarks/panel_scale.py", "--quick")
     assert "re-classify" in out and "live message size" in out

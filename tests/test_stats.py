@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch import nn
 
@@ -116,3 +117,97 @@ def test_relu_maxima_taken_from_the_layer_before_match_the_real_ones() -> None:
         assert col.tolist() == recorded, name
     assert real["3"][0] == 0.0 and real["4.act"][0] > 0
     assert math.isinf(got[4, t.layer_names.index("1")])
+
+
+class _Mixed(nn.Module):
+    """Small activations of several shapes and roles (batched), one edited in place after
+    its hook, and one too large to batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act1 = nn.ReLU()
+        self.fc = nn.Linear(144, 32)
+        self.tanh = nn.Tanh()
+        self.fc2 = nn.Linear(32, 32)
+        self.act2 = nn.ReLU()
+        self.big = nn.Linear(32, 9000)  # 72,000 elements a batch: the per-layer path
+        self.head = nn.Linear(9000, 3)
+        with torch.no_grad():
+            self.fc.weight.mul_(50.0)  # some tanh outputs saturate
+            self.fc2.bias[:10] = 100.0  # -300 after the edit below: dead units in act2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tanh(self.fc(self.act1(self.conv(x)).flatten(1)))
+        h = self.fc2(h)
+        h.mul_(-3.0)  # fc2's output changes after its hook read it
+        return self.head(self.big(self.act2(h)))
+
+
+def _real_stats(y: torch.Tensor, name: str) -> dict[str, float]:
+    x = y.detach().double()
+    mean = x.mean().item()
+    out = {"act_mean": mean, "act_std": math.sqrt(max((x * x).mean().item() - mean**2, 0.0)),
+           "zero_frac": (x == 0).double().mean().item()}
+    if name.startswith("act"):
+        units = x.amax(dim=[0, 2, 3] if x.dim() == 4 else [0])
+        out["dead_frac"] = (units <= 0).double().mean().item()
+    if name == "tanh":
+        out["sat_frac"] = (x.abs() >= 0.98).double().mean().item()
+    return out
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_rich_statistics_of_small_activations_taken_in_batches_are_the_real_ones(
+        batched: bool) -> None:
+    """Sampled steps copy small activations into shared buffers and read them together at
+    the step's end: the numbers must be those of each activation as its layer returned
+    it (fc2's output is edited in place afterwards), and the same as the per-layer path
+    gives (`batched=False`: no room for buffers)."""
+    torch.manual_seed(0)
+    model = _Mixed()
+    real: dict[tuple[int, str], dict[str, float]] = {}
+    step = [0]
+    for name, m in model.named_children():
+        m.register_forward_hook(
+            lambda m, a, out, name=name: real.__setitem__((step[0], name), _real_stats(out, name)))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    w = ndbg.watch(model, report=False, sample_every=1)
+    w._probe._batch_rows.max_bytes = stats.BATCH_BYTES if batched else 0
+    with w as run:
+        for step[0] in range(3):
+            x, y = torch.randn(8, 3, 6, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        assert (w._probe._batch_rows.nbytes > 0) == batched
+    df = run.to_dataframe().set_index(["step", "layer"])
+    assert real[(0, "act2")]["dead_frac"] >= 10 / 32 and real[(0, "tanh")]["sat_frac"] > 0.05
+    for (s, name), want in real.items():
+        for col, value in want.items():
+            got = float(df.loc[(s, name), col])
+            tol = 0.02 if name == "big" and col == "zero_frac" else 1e-5  # big: a sample
+            assert math.isclose(got, value, rel_tol=1e-4, abs_tol=tol), (s, name, col, got, value)
+
+
+def test_batched_rows_stay_within_their_memory_and_free_shapes_no_longer_seen() -> None:
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(4, 5, generator=g) for _ in range(4)]
+    batch = stats.RichBatch(max_bytes=3 * rows[0].numel() * 4)
+    got = [batch.add(r, "other", None, False) for r in rows]
+    assert [x is not None for x in got] == [True, True, True, False]  # the fourth: no room
+    assert batch.nbytes == batch.max_bytes
+    sc = stats.Scalars()
+    first = batch.reduce(sc)
+    v = sc.to_host()
+    for r, (key, row) in zip(rows, got[:3]):
+        assert math.isclose(v[first[key][0] + row], r.sum().item(), rel_tol=1e-5)
+        assert math.isclose(v[first[key][1] + row], r.norm().item(), rel_tol=1e-5)
+    # a step with another shape only: no room for it yet (the per-layer path takes it);
+    # the shape not seen in that step is freed when it closes, and the next one fits
+    assert batch.add(torch.ones(2, 2), "relu", None, True) is None
+    batch.reduce(stats.Scalars())
+    assert batch.nbytes == 0
+    assert batch.add(torch.ones(2, 2), "relu", None, True) is not None
+    assert batch.nbytes == 8 * 2 * 2 * 4  # eight rows to begin with
