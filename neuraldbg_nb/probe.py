@@ -145,8 +145,9 @@ class Probe:
         self._batch_rows = stats.RichBatch()
         self._sampled = True
         self._batch: torch.Tensor | None = None
-        # the last output reduced, its version then and its max: see `_derived`
-        self._last: tuple[weakref.ref[torch.Tensor] | None, int, Any] = (None, -1, math.nan)
+        # the last output reduced, its version then, its min and max: see `_known`
+        self._last: tuple[weakref.ref[torch.Tensor] | None, int, Any, Any] = (
+            None, -1, math.nan, math.nan)
         self._reset_step()
         self._pending_post: tuple[list[int], list[int]] | None = None
         self._pending_update: tuple[list[int], list[int], list[int]] | None = None
@@ -270,7 +271,9 @@ class Probe:
         """A layer's forward hook: the cheap path (min and max: read at once on the host,
         kept on the device until the step closes elsewhere), and the rich statistics on
         sampled steps. It runs on every layer call, so it is kept to a few attribute
-        reads around one reduction (none for a ReLU fed by the layer just reduced)."""
+        reads around one reduction (none for a ReLU fed by the layer just reduced, nor
+        for a layer returning the very output just reduced: a model with parameters of
+        its own returning its last layer's output, an identity)."""
         if _is_compiling():
             self.compiled_seen = True
             return
@@ -283,10 +286,14 @@ class Probe:
         idx = c.index if c.index >= 0 else self._layer(id(module))
         x = args[0] if args and type(args[0]) is torch.Tensor and args[0].is_floating_point() \
             else first_tensor(args)
-        mx: Any = self._derived(x, bool(module.inplace)) if c.relu and x is not None else None
+        known = self._known(output, 0) if type(output) is torch.Tensor else None
+        if known is None and c.relu and x is not None:
+            known = self._derived(x, bool(module.inplace))
         y = y.detach()
-        if mx is not None:
-            mn = mx
+        mn: Any
+        mx: Any
+        if known is not None:
+            mn, mx = known
         elif c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of aminmax
             mn = mx = y.amax()
         else:
@@ -295,17 +302,17 @@ class Probe:
         if host:  # two floats now instead of two tensors to stack, move and free later
             if type(mx) is not float:
                 mn, mx = mn.item(), mx.item()
-            last_mx = mx
+            last = (mn, mx)
         else:
             self._c_dev.append(len(self._c_idx))
             self._d_mn.append(mn)
             self._d_mx.append(mx)
-            last_mx, mn, mx = mx, math.nan, math.nan
+            last, mn, mx = (mn, mx), math.nan, math.nan
         self._c_idx.append(idx)
         self._c_mn.append(mn)
         self._c_mx.append(mx)
         if type(output) is torch.Tensor and not output.is_inference():  # no version there
-            self._last = (weakref.ref(output), output._version, last_mx)
+            self._last = (weakref.ref(output), output._version, *last)
         if self._sampled:
             t0 = time.perf_counter()
             finite = host and math.isfinite(mn) and math.isfinite(mx)
@@ -321,17 +328,27 @@ class Probe:
                            or not host or self._unusual(idx, mn, mx)):
             self._refs[idx] = (x, y)  # the capture store detaches them
 
-    def _derived(self, x: torch.Tensor, inplace: bool) -> Any:
-        """A ReLU's max (a float on the host, else a device tensor) from its input's,
-        where its input is the output the last hook reduced, unchanged since (but for
-        the ReLU itself, if in place): max(relu(x)) = max(max(x), 0), NaN kept; None
-        otherwise."""
-        ref, version, mx = self._last
-        if ref is None or ref() is not x or x._version != version + inplace:
+    def _known(self, t: torch.Tensor, bumps: int) -> tuple[Any, Any] | None:
+        """(min, max) of `t` (floats on the host, else device tensors) where it is the
+        output the last hook reduced, changed since only by `bumps` in-place ops that
+        are known (an in-place ReLU's own); None otherwise."""
+        ref, version, mn, mx = self._last
+        if ref is None or ref() is not t or t._version != version + bumps:
             return None
+        return mn, mx
+
+    def _derived(self, x: torch.Tensor, inplace: bool) -> tuple[Any, Any] | None:
+        """A ReLU's (max, max) from its input's, where its input is known (`_known`):
+        max(relu(x)) = max(max(x), 0), NaN kept; its max is also its abs-max."""
+        known = self._known(x, inplace)
+        if known is None:
+            return None
+        mx = known[1]
         if isinstance(mx, torch.Tensor):
-            return mx.clamp_min(0.0)  # clamp keeps NaN
-        return mx if not mx < 0.0 else 0.0  # a NaN stays NaN
+            mx = mx.clamp_min(0.0)  # clamp keeps NaN
+        elif mx < 0.0:  # a NaN stays NaN
+            mx = 0.0
+        return mx, mx
 
     def _unusual(self, idx: int, mn: float, mx: float) -> bool:
         """Is a large CPU activation worth holding for capture (see `HOLD_FREELY`)? When
@@ -407,7 +424,7 @@ class Probe:
         self._c_dev: list[int] = []  # positions in the lists above of device values
         self._d_mn: list[torch.Tensor] = []
         self._d_mx: list[torch.Tensor] = []
-        self._last = (None, -1, math.nan)
+        self._last = (None, -1, math.nan, math.nan)
         self._rich: list[tuple[int, ...]] = []  # layer, numel, rich_activation's positions
         self._rich_rows: list[tuple[int, int, tuple[Any, ...], int]] = []  # idx, numel, group, row
         self._batch_rows.clear()

@@ -83,18 +83,39 @@ class _EditsInPlace(nn.Module):
         return self.act(h)
 
 
+class _Wraps(nn.Module):
+    """A layer with a parameter of its own that returns its inner layer's output: the
+    very tensor whose extremes the inner layer's hook just read, or (`edit`) that tensor
+    changed in place after they were read."""
+
+    def __init__(self, edit: bool) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(8))
+        self.inner = nn.Linear(8, 8)
+        self.edit = edit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x + self.shift)
+        if self.edit:
+            out.add_(5.0)
+        return out
+
+
 def test_relu_maxima_taken_from_the_layer_before_match_the_real_ones() -> None:
     """A ReLU fed by the layer just reduced is not reduced again (its max is that
-    layer's, floored at 0): the recorded abs-max must be the real one for a plain ReLU,
-    an in-place one, one whose input was edited in place in between, and at a NaN."""
+    layer's, floored at 0), nor is a layer returning the output just reduced: the
+    recorded abs-max must be the real one for a plain ReLU, an in-place one, one whose
+    input was edited in place in between, a wrapper returning its inner layer's output
+    as it is and after an in-place edit, and at a NaN."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(inplace=True),
-                          _EditsInPlace(), nn.Linear(8, 2))
+                          _EditsInPlace(), _Wraps(edit=False), _Wraps(edit=True),
+                          nn.Linear(8, 2))
     with torch.no_grad():
         model[2].bias.fill_(-100.0)  # every unit of the ReLU after it is zero: max 0
     real: dict[str, list[float]] = {}
     for name, m in model.named_modules():
-        if isinstance(m, (nn.ReLU, nn.Linear)):
+        if isinstance(m, (nn.ReLU, nn.Linear, _Wraps)):
             m.register_forward_hook(lambda m, a, out, name=name: real.setdefault(name, []).append(
                 out.detach().abs().max().item()))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
