@@ -308,23 +308,48 @@ def known_finite(mn: torch.Tensor, mx: torch.Tensor) -> bool:
     return on_host(mn) and math.isfinite(float(mn)) and math.isfinite(float(mx))
 
 
+SMALL_NORM = 4096
+"""Tensors of up to this many elements (biases, norm layers' weights) are normed in stacks
+of equal shape: `_foreach_norm` on the CPU goes tensor by tensor at about 3 us each, where
+a stack of a hundred biases and one norm of its rows take 35 us in all."""
+
+
 def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:
-    """Norm of each tensor, fused per (device, dtype) with `torch._foreach_norm`."""
+    """Norm of each tensor: small ones in stacks of equal shape (`SMALL_NORM`), the rest
+    fused per (device, dtype) with `torch._foreach_norm`."""
     groups: dict[tuple[torch.device, torch.dtype, bool], list[int]] = defaultdict(list)
     for i, t in enumerate(tensors):
         groups[(t.device, t.dtype, t.is_sparse)].append(i)
     pos = [0] * len(tensors)
     for idx in groups.values():
-        dense = [tensors[i] for i in idx]
-        if dense[0].is_sparse:
-            norms = [torch.linalg.vector_norm(t.coalesce().values()) for t in dense]
-        else:  # half-precision norms overflow at 65504: accumulate in float32
-            wide = torch.float32 if dense[0].element_size() < 4 else None
-            norms = list(torch._foreach_norm(dense, 2, dtype=wide))
-        start = into.extend(norms)
-        for k, i in enumerate(idx):
-            pos[i] = start + k
+        first = tensors[idx[0]]
+        if first.is_sparse:
+            start = into.extend([torch.linalg.vector_norm(tensors[i].coalesce().values())
+                                 for i in idx])
+            _place(pos, idx, start)
+            continue
+        # half-precision norms overflow at 65504: accumulate in float32
+        wide = torch.float32 if first.element_size() < 4 else None
+        by_shape: dict[torch.Size, list[int]] = defaultdict(list)
+        rest: list[int] = []
+        for i in idx:
+            (by_shape[tensors[i].shape] if tensors[i].numel() <= SMALL_NORM else rest).append(i)
+        for same in by_shape.values():
+            if len(same) == 1:
+                rest.extend(same)
+                continue
+            rows = torch.stack([tensors[i] for i in same]).reshape(len(same), -1)
+            _place(pos, same, into.add_row(torch.linalg.vector_norm(rows, dim=1, dtype=wide)))
+        if rest:
+            norms = torch._foreach_norm([tensors[i] for i in rest], 2, dtype=wide)
+            _place(pos, rest, into.extend(list(norms)))
     return pos
+
+
+def _place(pos: list[int], idx: list[int], start: int) -> None:
+    """Positions of consecutive values from `start`, for the tensors at `idx`."""
+    for k, i in enumerate(idx):
+        pos[i] = start + k
 
 
 StackPlan = list[tuple[list[int], list[torch.Tensor]]]

@@ -1,5 +1,5 @@
 """Device-side summaries against plain PyTorch: norms of mixed tensors (half precision,
-sparse, non-contiguous, several dtypes, non-finite), and the weight probe's stacks
+sparse, non-contiguous, several dtypes, non-finite; small ones in stacks), and the weight probe's stacks
 following weights that change in place."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
     g = torch.Generator().manual_seed(0)
     tensors = [
         torch.randn(128, generator=g), torch.randn(64, 70, generator=g),
-        torch.randn(3, 3, generator=g).t(),  # not contiguous
+        torch.randn(3, 3, generator=g).t(),  # not contiguous, normed in a stack of two
+        torch.randn(3, 3, generator=g).t() * 10,
         torch.randn(16, generator=g).half() * 1000,  # float16: accumulated in float32
         torch.randn(16, generator=g).half() * 1000,
         torch.randn(5, dtype=torch.float64, generator=g),
