@@ -466,7 +466,7 @@ class Probe:
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
         sc = self._sc
         params = self._params()
-        with_grad = [(p.grad, idx) for _, p, idx in params if p.grad is not None]
+        with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
         p_mn, p_mx = sc.extend(self._d_mn), sc.extend(self._d_mx)
         if self._rich_rows:
