@@ -305,6 +305,20 @@ def load() -> str:
         return "n/a"
 
 
+def print_header(script: str, argv: list[str] | None) -> None:
+    """What a table needs to be read later: the command, the machine, the code, the date
+    and the load."""
+    cmd = "python " + " ".join(shlex.quote(a) for a in (
+        sys.argv if argv is None else [script, *argv]))
+    print(f"command: {cmd}")
+    print(f"machine: {platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+          f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__} "
+          f"(sources sha1 {source_digest()})")
+    print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"load average at start: {load()} (other processes on the machine add noise)")
+
+
 def fmt_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
     if markdown:
         out = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
@@ -346,15 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     md = args.markdown
-    cmd = "python " + " ".join(shlex.quote(a) for a in (
-        sys.argv if argv is None else ["benchmarks/overhead.py", *argv]))
-    print(f"command: {cmd}")
-    print(f"machine: {platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__} "
-          f"(sources sha1 {source_digest()})")
-    print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
-    print(f"load average at start: {load()} (other processes on the machine add noise)")
+    print_header("benchmarks/overhead.py", argv)
     print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3; "
           f"{args.clock} clock")
     print(flush=True)

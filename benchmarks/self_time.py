@@ -25,11 +25,7 @@ process. One thread (`--threads 1`) by default, so that CPU time is the step's t
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import os
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -205,15 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cmd = "python " + " ".join(shlex.quote(a) for a in (
-        sys.argv if argv is None else ["benchmarks/self_time.py", *argv]))
-    print(f"command: {cmd}")
-    print(f"machine: {platform.machine()} {platform.system()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
-          f"python {platform.python_version()}, neuraldbg_nb {neuraldbg_nb.__version__} "
-          f"(sources sha1 {ob.source_digest()})")
-    print(f"date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}")
-    print(f"load average at start: {ob.load()}")
+    ob.print_header("benchmarks/self_time.py", argv)
     print(f"steps {warmup}-{warmup + steps} of each run; AdamW lr 1e-3; thread CPU time")
 
     meter = Meter()
