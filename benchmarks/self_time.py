@@ -131,6 +131,7 @@ class Result:
 
 
 def plain_steps(b: ob.Bench, n: int, into: list[float]) -> None:
+    """CPU time of `n` unwatched steps, appended to `into`."""
     for _ in range(n):
         t = time.thread_time()
         ob.step(b)
@@ -169,6 +170,11 @@ def measure(key: str, mode: dict[str, Any], steps: int, warmup: int, meter: Mete
                   mean={p: statistics.mean(r.get(p, 0.0) for r in per) * 1e3
                         for p in [*PARTS, TOTAL]},
                   n_sampled=sum(flags), n_steps=steps)
+
+
+def share(ms: dict[str, float], plain_ms: float) -> str:
+    """The total as a share of the plain step; "-" where no step of the kind ran."""
+    return f"{ms[TOTAL] / plain_ms:.1%}" if TOTAL in ms else "-"
 
 
 def cell(r: Result, part: str) -> str:
@@ -223,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = [[p] + [cell(results[k], p) for k in keys] for p in [*PARTS, TOTAL]]
             rows.append(["plain step (ms, median)"] + [f"{results[k].plain_ms:.1f}" for k in keys])
             rows.append(["total / plain step (quiet / mean)"] + [
-                f"{results[k].quiet[TOTAL] / results[k].plain_ms:.1%} / "
-                f"{results[k].mean[TOTAL] / results[k].plain_ms:.1%}" for k in keys])
+                f"{share(results[k].quiet, results[k].plain_ms)} / "
+                f"{share(results[k].mean, results[k].plain_ms)}" for k in keys])
             rows.append(["steps sampled / measured"] + [
                 f"{results[k].n_sampled} / {results[k].n_steps}" for k in keys])
             print(ob.fmt_table(header, rows, args.markdown))

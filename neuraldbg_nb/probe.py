@@ -622,7 +622,7 @@ class Probe:
             self._logged or self._logged_host) else [v[p] for p in self._losses]
         if not values:
             return math.nan
-        loss = float(sum(values) / len(values))  # np.mean costs 60 us cold, this 1
+        loss = float(sum(values) / len(values))  # np.mean: 60 us on a cold cache, this 1
         return loss if math.isfinite(loss) else math.inf
 
     def _input_scalars(self, v: np.ndarray) -> dict[str, float]:

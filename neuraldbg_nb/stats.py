@@ -155,10 +155,10 @@ BATCH_BYTES = 16 << 20
 width 128 with batch 128 needs 13 MB); activations that do not fit take the per-layer
 path."""
 
-
 BATCH_ROW_BYTES = 64 << 10
 """Activations up to this size are batched by `RichBatch`: below it the fixed cost of an
 op outweighs the reading; above it the per-layer path is as fast and copies nothing."""
+
 CHUNK_BYTES = 512 << 10
 """Rows read together by `RichBatch.reduce`: their temporaries fit the CPU's cache."""
 
@@ -204,8 +204,9 @@ class RichBatch:
         if rows <= have:
             return False
         size = rows * row_bytes
-        with torch.inference_mode(False):  # made in an eval under inference_mode, an
-            # inference tensor could not be written to outside it
+        # made during an eval under inference_mode, it would be an inference tensor, which
+        # cannot be written to outside inference mode
+        with torch.inference_mode(False):
             buf = torch.empty((rows, *x.shape), dtype=x.dtype, device=x.device)
         if group is not None:
             buf[: group[1]].copy_(group[0][: group[1]])
