@@ -1,6 +1,7 @@
 """Device-side summaries against plain PyTorch: norms of mixed tensors (half precision,
-sparse, non-contiguous, several dtypes, non-finite; small ones in stacks), and the weight probe's stacks
-following weights that change in place."""
+sparse, non-contiguous, several dtypes, non-finite; small ones in stacks), the weight
+probe's stacks following weights that change in place, the maxima taken from the layer
+before, and the rich statistics taken in batches."""
 
 from __future__ import annotations
 
