@@ -525,10 +525,9 @@ class Probe:
         t0 = time.perf_counter()
         first = self._batch_rows.reduce(self._sc)
         for idx, numel, key, r in self._rich_rows:
-            p_sum, p_norm, p_zero, p_dead, p_sat, units, counted = first[key]
-            self._rich.append((idx, numel, p_sum + r, p_norm + r, p_zero + r, -1,
-                               p_dead + r if p_dead >= 0 else -1,
-                               p_sat + r if p_sat >= 0 else -1, units, counted))
+            *pos, units, counted = first[key]
+            self._rich.append((idx, numel, *(p + r if p >= 0 else -1 for p in pos),
+                               units, counted))
         self.sampler.spent += time.perf_counter() - t0
 
     def _after_update(self) -> None:

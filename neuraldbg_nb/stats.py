@@ -129,9 +129,8 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     xs = _fraction_sample(x)
     p_sum = into.add(x.sum(dtype=f32))
     p_norm = into.add(torch.linalg.vector_norm(x, dtype=f32))
-    if finite and xs.numel() < 2**24:  # |sign| is 0 or 1: summed (exactly in float32),
-        nonzero = (xs if nonneg else xs.abs()).sign().sum(dtype=f32)  # 3-5x faster than == 0
-        p_zero = into.add(xs.numel() - nonzero)
+    if finite and xs.numel() < 2**24:  # summed signs, exact in float32: 3-5x faster than == 0
+        p_zero = into.add(xs.numel() - _signs(xs, nonneg).sum(dtype=f32))
     else:  # a NaN's sign is NaN
         p_zero = into.add((xs == 0).sum())
     # x - x: 0 where finite, NaN elsewhere
@@ -139,14 +138,10 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     p_dead = p_sat = -1
     units = 0
     if role == "relu" and x.dim() >= 2:
-        unit_dim = _unit_dim(x.dim())
-        dims = [d for d in range(x.dim()) if d != unit_dim]
-        p_dead = into.add((x.amax(dim=dims) <= 0).sum())
-        units = x.shape[unit_dim]
+        p_dead = into.add(_dead(x, 0).sum())
+        units = x.shape[_unit_dim(x.dim())]
     if bounds is not None:
-        lo, hi = bounds
-        center, half = (lo + hi) / 2, (hi - lo) / 2
-        p_sat = into.add(((xs - center).abs() >= 0.98 * half).sum())
+        p_sat = into.add(_pinned(xs, bounds).sum())
     return p_sum, p_norm, p_zero, p_bad, p_dead, p_sat, units, xs.numel()
 
 
@@ -215,12 +210,13 @@ class RichBatch:
         return True
 
     def reduce(self, into: Scalars) -> dict[tuple[Any, ...], tuple[int, ...]]:
-        """Per group: the first positions of its rows' (sum, norm, zero count, dead
-        units, saturated count) in `into` (row r at first + r; -1 where not applicable),
-        then the units and the elements counted per row. Rows are read `CHUNK_BYTES` at a
-        time, so that the temporaries stay in cache. Groups unused since the last reduce
-        are freed (a shape that came once, such as a short last batch)."""
-        out = {}
+        """Per group, what `rich_activation` gives for one activation, for its first
+        row: positions in `into` (row r's at first + r; -1 where not applicable, the
+        non-finite count always), the units and the elements counted. Rows are read
+        `CHUNK_BYTES` at a time, so that the temporaries stay in cache. Groups unused
+        since the last reduce are freed (a shape that came once, such as a short last
+        batch)."""
+        out: dict[tuple[Any, ...], tuple[int, ...]] = {}
         for key, (buf, n) in list(self._groups.items()):
             if n == 0:
                 del self._groups[key]
@@ -230,10 +226,11 @@ class RichBatch:
             step = max(1, CHUNK_BYTES // (buf[0].numel() * buf.element_size()))
             parts = [_row_stats(buf[i:min(i + step, n)], role, bounds, nonneg)
                      for i in range(0, n, step)]
-            pos = [into.add_row(torch.cat(col)) if col[0] is not None else -1
-                   for col in zip(*parts)]
-            units = shape[_unit_dim(len(shape))] if pos[3] >= 0 else 0
-            out[key] = (*pos, units, buf[0].numel())
+            p_sum, p_norm, p_zero, p_dead, p_sat = (
+                into.add_row(torch.cat(col)) if col[0] is not None else -1
+                for col in zip(*parts))
+            units = shape[_unit_dim(len(shape))] if p_dead >= 0 else 0
+            out[key] = (p_sum, p_norm, p_zero, -1, p_dead, p_sat, units, buf[0].numel())
             self._groups[key][1] = 0
         return out
 
@@ -255,15 +252,9 @@ def _row_stats(v: torch.Tensor, role: str, bounds: tuple[float, float] | None, n
     f32 = torch.float32
     flat = v.reshape(len(v), -1)
     numel = flat.shape[1]
-    zeros = numel - (flat if nonneg else flat.abs()).sign().sum(1, dtype=f32)
-    dead = sat = None
-    if role == "relu" and v.dim() >= 3:
-        unit_dim = 1 + _unit_dim(v.dim() - 1)  # of a row
-        dead = (v.amax(dim=[d for d in range(1, v.dim()) if d != unit_dim]) <= 0).sum(1)
-    if bounds is not None:
-        lo, hi = bounds
-        center, half = (lo + hi) / 2, (hi - lo) / 2
-        sat = ((flat - center).abs() >= 0.98 * half).sum(1)
+    zeros = numel - _signs(flat, nonneg).sum(1, dtype=f32)
+    dead = _dead(v, 1).sum(1) if role == "relu" and v.dim() >= 3 else None
+    sat = _pinned(flat, bounds).sum(1) if bounds is not None else None
     return (flat.sum(1, dtype=f32), torch.linalg.vector_norm(flat, dim=1, dtype=f32), zeros,
             dead, sat)
 
@@ -272,6 +263,26 @@ def _unit_dim(ndim: int) -> int:
     """The units of an activation, for dead units: the features of (N, F) and (N, T, F),
     the channels of (N, C, ...)."""
     return ndim - 1 if ndim in (2, 3) else 1
+
+
+def _signs(x: torch.Tensor, nonneg: bool) -> torch.Tensor:
+    """1 where a finite value is not zero, 0 where it is: summed, a nonzero count."""
+    return (x if nonneg else x.abs()).sign()
+
+
+def _dead(x: torch.Tensor, first: int) -> torch.Tensor:
+    """Per unit of the activation(s) in `x` from axis `first` on (0: one activation,
+    1: rows of them), whether it is at most 0 for the whole batch."""
+    unit = first + _unit_dim(x.dim() - first)
+    return x.amax(dim=[d for d in range(first, x.dim()) if d != unit]) <= 0
+
+
+def _pinned(x: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
+    """Per value, whether it lies at a bound of a bounded activation (within 2% of its
+    half-range): saturated."""
+    lo, hi = bounds
+    center, half = (lo + hi) / 2, (hi - lo) / 2
+    return (x - center).abs() >= 0.98 * half
 
 
 def input_batch(x: torch.Tensor, rich: bool, into: Scalars) -> dict[str, int]:
