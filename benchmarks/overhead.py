@@ -1,23 +1,30 @@
 """Overhead of watching a training: step time watched / step time plain.
 
-    python benchmarks/overhead.py                 # full: 7 rounds x 20 steps per config
-    python benchmarks/overhead.py --quick         # CI: 2 rounds x 3 steps, well under a minute
-    python benchmarks/overhead.py --models mlp,cnn --rounds 9 --steps 30 --markdown
+    python benchmarks/overhead.py                 # full: 12 rounds, quads of 5-step blocks
+    python benchmarks/overhead.py --quick         # CI: 2 rounds of 2-step blocks, under a minute
+    python benchmarks/overhead.py --models mlp,cnn --rounds 20 --steps 5 --markdown
     python benchmarks/overhead.py --threads 1 --clock cpu   # steadier on a shared machine
 
-Every configuration trains the same model with the same AdamW optimizer in one process.
-Each round runs every configuration once for `--steps` steps, in an order rotated from
-round to round (plain, watched, references, ...), so that slow drift of the machine hits
-all configurations alike. A configuration's step time is the median over rounds of its
-mean step time in the round; a ratio is that median divided by the plain one. The
-`plain vs plain (control)` row times the plain loop twice per round: how far it is from
-1.00 is the noise floor of the run.
+Everything runs in one process. Every configuration trains a copy of its own of the
+model (the same weights, batches and AdamW optimizer), paired with a plain copy made
+alike, so that no run sees another loop's updates and every copy stays in the same
+early, healthy stretch of training (with one model shared by all the loops, the MLP's
+middle layers died after about 1,200 steps of them together, and the default watch then
+timed its own error events and captures). Each round times every configuration once
+against its plain copy, in an order rotated from round to round, as a quad of
+`--steps`-step blocks: plain, configuration, configuration, plain. The round's ratio for
+that configuration is its two blocks' time over the two plain blocks around them
+(paired: a slow minute of the shared machine hits both sides of the ratio, where an
+unpaired ratio of medians takes it whole), and the ratio printed is the median over
+rounds. The `plain vs plain (control)` row times the plain loop against itself the same
+way: how far it is from 1.00, and the spread of its rounds, is the noise floor of the
+run.
 
 Watched configurations keep one `watch()` object for the whole benchmark and re-enter it
-each round (a Watch is re-enterable and continues its run), so the run goes on across
-rounds as it would in a long training: reference captures stay sparse (steps 0, 1, 2, 4,
-8, 16, ...) and the warm-up covers the first ones. Only the training steps are timed,
-not entering or leaving the block.
+for each block (a Watch is re-enterable and continues its run), so the run goes on
+across rounds as one training: reference captures stay sparse (steps 0, 1, 2, 4, 8, 16,
+...) and the warm-up covers the first ones. Only the training steps are timed, not
+entering or leaving the block.
 """
 
 from __future__ import annotations
@@ -155,6 +162,12 @@ def make_deep() -> Bench:
 MODELS: dict[str, Callable[[], Bench]] = {
     "mlp": make_mlp, "cnn": make_cnn, "transformer": make_transformer, "deep": make_deep}
 
+
+def fresh(key: str) -> Bench:
+    """A new copy of benchmark `key`, the same weights and batches every time."""
+    torch.manual_seed(0)
+    return MODELS[key]()
+
 # -- configurations ------------------------------------------------------------------
 
 
@@ -286,6 +299,14 @@ def run_block(b: Bench, c: Config, steps: int, clock: Callable[[], float]) -> fl
     return (t1 - t0) / steps
 
 
+def _quartiles(xs: list[float]) -> str:
+    """The middle half of a configuration's per-round ratios, as "low-high"."""
+    if len(xs) < 2:
+        return f"{xs[0]:.2f}" if xs else "n/a"
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return f"{q[0]:.2f}-{q[2]:.2f}"
+
+
 # -- main ----------------------------------------------------------------------------
 
 
@@ -333,11 +354,12 @@ def fmt_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short run for CI (2 rounds x 3 steps)")
+    ap.add_argument("--quick", action="store_true", help="short run for CI (2 rounds, 2-step blocks)")
     ap.add_argument("--models", default=",".join(MODELS),
                     help=f"comma-separated, from {','.join(MODELS)} (default: all)")
-    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 7, quick 2)")
-    ap.add_argument("--steps", type=int, help="timed steps per config per round (default 20, quick 3)")
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 12, quick 2)")
+    ap.add_argument("--steps", type=int, help="steps per timed block (default 5, quick 2); a "
+                                               "round times 4 blocks per config")
     ap.add_argument("--warmup", type=int, help="untimed steps per config first (default 10, quick 1)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
@@ -349,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         print("note: --clock cpu with several threads under-weighs single-threaded "
               "overhead; --threads 1 gives comparable ratios", file=sys.stderr)
     clock = CLOCKS[args.clock]
-    rounds = args.rounds or (2 if args.quick else 7)
-    steps = args.steps or (3 if args.quick else 20)
+    rounds = args.rounds or (2 if args.quick else 12)
+    steps = args.steps or (2 if args.quick else 5)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
@@ -358,45 +380,50 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
     md = args.markdown
     print_header("benchmarks/overhead.py", argv)
-    print(f"rounds {rounds} x {steps} steps per config, {warmup} warm-up steps; AdamW lr 1e-3; "
-          f"{args.clock} clock")
+    print(f"{rounds} rounds; per round and config a quad of {steps}-step blocks (plain, config, "
+          f"config, plain); {warmup} warm-up steps; AdamW lr 1e-3; {args.clock} clock")
     print(flush=True)
 
     cfgs, notes = configs()
-    benches = {k: MODELS[k]() for k in keys}
-    times: dict[str, dict[str, list[float]]] = {k: {c.key: [] for c in cfgs} for k in keys}
+    plain_cfg, others = cfgs[0], cfgs[1:]
+    # per model and configuration, two copies made alike: one trained plain, one by the
+    # configuration; each only ever trained by its own loop
+    pairs = {k: {c.key: (fresh(k), fresh(k)) for c in others} for k in keys}
+    titles = {k: pairs[k][others[0].key][0].title for k in keys}
+    # per model: each configuration's paired ratio per round, and every plain block's time
+    ratios: dict[str, dict[str, list[float]]] = {k: {c.key: [] for c in others} for k in keys}
+    plain_times: dict[str, list[float]] = {k: [] for k in keys}
     t_start = time.perf_counter()
-    for k, b in benches.items():
-        for c in cfgs:  # warm-up: allocator, first-call paths, the watch's first steps
+    for k in keys:
+        for c in others:  # warm-up: allocator, first-call paths, the watch's first steps
+            plain_b, b = pairs[k][c.key]
+            run_block(plain_b, plain_cfg, warmup, clock)
             run_block(b, c, warmup, clock)
         for r in range(rounds):
-            order = cfgs[r % len(cfgs):] + cfgs[: r % len(cfgs)]
-            for c in order:
-                times[k][c.key].append(run_block(b, c, steps, clock))
-        med = statistics.median(times[k]["plain"]) * 1e3
-        print(f"  {b.title}: plain {med:.1f} ms/step "
+            for c in others[r % len(others):] + others[: r % len(others)]:
+                plain_b, b = pairs[k][c.key]
+                p1 = run_block(plain_b, plain_cfg, steps, clock)
+                m1 = run_block(b, c, steps, clock)
+                m2 = run_block(b, c, steps, clock)
+                p2 = run_block(plain_b, plain_cfg, steps, clock)
+                ratios[k][c.key].append((m1 + m2) / (p1 + p2))
+                plain_times[k] += [p1, p2]
+        med = statistics.median(plain_times[k]) * 1e3
+        print(f"  {titles[k]}: plain {med:.1f} ms/step "
               f"({time.perf_counter() - t_start:.0f} s so far)", file=sys.stderr, flush=True)
 
-    header = ["ratio watched/plain (median)"] + [benches[k].title for k in keys]
+    header = ["ratio watched/plain (median)"] + [titles[k] for k in keys]
     rows = [["plain step time (ms, median)"] +
-            [f"{statistics.median(times[k]['plain']) * 1e3:.1f}" for k in keys]]
+            [f"{statistics.median(plain_times[k]) * 1e3:.1f}" for k in keys]]
     spread = []
-    for c in cfgs[1:]:
-        row, srow = [c.label], [c.label]
-        for k in keys:
-            plain = times[k]["plain"]
-            mine = times[k][c.key]
-            row.append(f"{statistics.median(mine) / statistics.median(plain):.2f}")
-            paired = sorted(m / p for m, p in zip(mine, plain))
-            srow.append(f"{paired[0]:.2f}-{paired[-1]:.2f}")
-        rows.append(row)
-        spread.append(srow)
+    for c in others:
+        rows.append([c.label] + [f"{statistics.median(ratios[k][c.key]):.2f}" for k in keys])
+        spread.append([c.label] + [_quartiles(ratios[k][c.key]) for k in keys])
     print(fmt_table(header, rows, md))
     print()
-    print(fmt_table(["per-round paired ratio, min-max"] + header[1:], spread, md))
+    print(fmt_table(["per-round ratio, quartiles 25%-75%"] + header[1:], spread, md))
     print()
 
     # trace memory and events of the default-settings run
@@ -420,9 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in cfgs:
         if c.watch_kwargs is not None:
             notes.append(f"{c.label}: {call_text(c.watch_kwargs)}")
-    notes.append("Ratios: median over rounds of each config's mean step time, divided by the "
-                 "plain loop's median. Paired ratios: each round's config time / the same "
-                 "round's plain time.")
+    notes.append(f"Ratios: per round, a quad of {steps}-step blocks (plain, config, config, "
+                 "plain); the config's time over the plain time of the same quad; the "
+                 f"median over {rounds} rounds. Quartiles: of the same {rounds} ratios.")
     for n in notes:
         print(n)
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s; load average at end: {load()}")

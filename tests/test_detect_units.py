@@ -218,6 +218,21 @@ def test_dead_units_just_below_the_threshold_neither_start_nor_end_a_condition()
 
 
 # -- incremental detection, reclassification -----------------------------------------------------
+
+
+def test_gradient_settled_at_the_vanish_line_gives_one_event():
+    # a dying layer: its norm below 1e-6 on some batches and just above on others, for
+    # longer than patience each time (a 12-step data cycle); healthy again from step 52
+    g = noisy(1e-2, cols=1)
+    g[16:52, 0] = ([8e-7] * 6 + [1.5e-6] * 6) * 3
+    trace = build([("a", "other")], {"grad_norm": g})
+    _, events = detect(trace)
+    van = of(events, "vanishing_gradient")
+    assert [(e.step, e.end) for e in van] == [(16, 52)]
+    assert [e.step for e in of(events, "recovery", "a", "gradient")] == [52]
+    # a norm that starts in the band (small but never below the line) is no event
+    assert of(detect(build([("a", "other")], {"grad_norm": noisy(3e-6)}))[1],
+              "vanishing_gradient") == []
 def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Several events of several kinds in one trace."""
     n, L = 120, 4
