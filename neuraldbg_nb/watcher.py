@@ -119,7 +119,10 @@ class Watch:
         else:
             run.status = "raised"
             run.exception = exc
+        started = time.perf_counter()
         run.detection.advance(run.trace)
+        # all caught up: MAX_LATENCY counts from here if the watch is entered again
+        self._schedule.scanned(time.perf_counter() - started)
         run._notify([])
         if self.report or (self.report is None and not _in_notebook()):
             print(run, file=sys.stderr)
@@ -194,13 +197,13 @@ class ScanSchedule:
         self.interval = 1
         self._confirm: set[int] = set()
         self._sampled_wake = SampledWake()
-        self._step_time = 0.0
-        self._last_step = self._last_scan = time.perf_counter()
+        self._step_time = 0.0  # an average of the step's wall time; 0 until measured
+        self._last_step: float | None = None
+        self._last_scan = time.perf_counter()
 
     def due(self, trace: Trace, detection: Detection) -> bool:
         now = time.perf_counter()
-        wall, self._last_step = now - self._last_step, now
-        self._step_time = wall if self._step_time == 0 else 0.9 * self._step_time + 0.1 * wall
+        self._time_step(now)
         step = trace.n_steps - 1
         woke = wake(trace, self.thresholds) or self._sampled_wake(trace, self.thresholds)
         if woke:
@@ -210,6 +213,20 @@ class ScanSchedule:
         pending = trace.n_steps - detection.steps_done
         return pending > 0 and (woke or confirm or pending >= self.interval
                                 or now - self._last_scan >= self.MAX_LATENCY)
+
+    def _time_step(self, now: float) -> None:
+        """Follow the step time from one step's end to the next. A pause between two
+        steps (an evaluation pass, a block of the same watch entered again minutes
+        later) is not a step: one interval counts for at most twice the average, so a
+        pause raises it by a tenth at most. Counted whole, a 5 s pause made the average
+        of a 35 ms step 0.5 s, the batches of `BUDGET` one step long, and the next few
+        dozen steps each paid a scan (3 ms, 9% of the step)."""
+        last, self._last_step = self._last_step, now
+        if last is None:  # the first step: its start is not known
+            return
+        wall = now - last
+        self._step_time = wall if self._step_time == 0 else \
+            0.9 * self._step_time + 0.1 * min(wall, 2 * self._step_time)
 
     def scanned(self, cost: float) -> None:
         self._last_scan = time.perf_counter()

@@ -13,6 +13,7 @@ import torch
 from models import FACTORIES, train
 
 import neuraldbg_nb as ndbg
+from neuraldbg_nb.watcher import ScanSchedule
 
 STEPS = 200
 
@@ -64,3 +65,22 @@ def test_healthy_runs_record_every_layer_every_step():
             assert (g[:, i] > 0).all(), f"{info.name}: grad norm missing or zero"
     loss = run.trace.scalar("loss")
     assert (loss > 0).all() and (loss < 10).all()
+
+
+
+def test_a_pause_between_steps_does_not_make_every_step_scan():
+    # the live run's scan schedule on a 35 ms step, a 3 ms scan and a 5 s pause (an
+    # evaluation pass, or the same watch entered again in the next cell)
+    schedule = ScanSchedule(ndbg.Thresholds())
+    now = 1000.0
+    for _ in range(30):
+        now += 0.035
+        schedule._time_step(now)
+    schedule.scanned(0.003)
+    before = schedule.interval
+    now += 5.0
+    schedule._time_step(now)
+    schedule.scanned(0.003)
+    assert before >= 30  # 3 ms in batches of BUDGET (0.25%) of 35 ms steps
+    # counted as a step, the pause made the average 0.5 s and the batches one step long
+    assert schedule.interval >= 0.8 * before
