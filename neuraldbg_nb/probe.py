@@ -136,6 +136,7 @@ class Probe:
         self._params_cache: list[tuple[str, nn.Parameter, int]] = []
         self._probe_key: list[int] = []  # storage address of each trained weight, 0 if frozen
         self._probe: tuple[stats.StackPlan, list[int]] = ([], [])  # weight slices, layers
+        self._probe_out: list[torch.Tensor] = []  # the after-update copy's stacks, reused
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
         self.compiled_seen = False
@@ -460,7 +461,9 @@ class Probe:
                     views.append(w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else
                                  w[:max(1, WEIGHT_PROBE // max(1, w[0].numel()))])
                     idx.append(i)
-            self._probe_key, self._probe = key, (stats.stack_plan(views), idx)
+            plan = stats.stack_plan(views)
+            self._probe_key, self._probe = key, (plan, idx)
+            self._probe_out = stats.stack_buffers(plan)
         return self._probe
 
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
@@ -541,7 +544,7 @@ class Probe:
         slices are copied in stacks of equal size (`stats.stacked`): a few ops for hundreds
         of layers, and the copy taken before a sampled update is what it is compared with."""
         plan, idx = self._weight_probe()
-        now = stats.stacked(plan)
+        now = stats.stacked(plan, self._probe_out)  # read below and dropped: one buffer
         before, self._before = self._before, None
         if before is not None and len(before) == len(now) and all(
                 a == b and x.shape == y.shape for (a, x), (b, y) in zip(now, before)):

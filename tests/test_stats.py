@@ -59,6 +59,34 @@ def test_the_weight_probe_follows_every_update_of_a_channels_last_model() -> Non
         assert len(ratios) >= 1 and (ratios > 0).all()
 
 
+def test_weight_norms_and_update_sizes_are_those_of_the_real_weights() -> None:
+    """The after-update copy of the weight probe goes into one buffer reused at every
+    step; the copy before a sampled update must stay apart from it, or the update sizes
+    read 0. 12 layers of 64x64: the stack is over glibc's mmap threshold, as on the
+    benchmark MLPs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(12)], nn.Linear(64, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    after = []  # per step, per layer: its weight and bias after the update
+    with ndbg.watch(model, report=False, sample_every=5) as run:
+        for _ in range(12):
+            x, y = torch.randn(16, 64), torch.randint(0, 3, (16,))
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            after.append([torch.cat([m.weight.detach().reshape(-1), m.bias.detach()]).clone()
+                          for m in model])
+    norms = run.trace.col("param_norm")
+    ratios = run.trace.col("update_ratio")
+    for step in range(12):
+        for layer, w in enumerate(after[step]):
+            assert norms[step, layer] == pytest.approx(w.norm().item(), rel=1e-5)
+            if step % 5 == 0 and step > 0:  # sampled: the update of this step
+                moved = (w - after[step - 1][layer]).norm() / after[step - 1][layer].norm()
+                assert ratios[step, layer] == pytest.approx(moved.item(), rel=1e-4)
+    assert (ratios[5] > 0).all() and (ratios[10] > 0).all()
+
+
 def test_zeros_counted_from_signs_match_a_plain_count() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 500, generator=g)
