@@ -386,8 +386,8 @@ def stacked(plan: StackPlan, into: list[torch.Tensor] | None = None) -> Stacks:
     into: one buffer per group (`stack_buffers`) to copy into instead of new tensors,
     for a copy taken every step. A new stack larger than glibc's mmap threshold (128 KB:
     32 slices of 4096 floats) gets pages of its own, mapped and faulted in and unmapped
-    again at every step: on the 100-layer MLP (a 1.6 MB stack) that was most of the weight
-    probe's 0.7 ms a step, on the MLP 8x512 (147 KB) half of its 0.37 ms."""
+    again at every step: on the benchmark's MLP 8x512 (a 147 KB stack) that was half of
+    the weight probe's 0.37 ms a step."""
     if into is None:
         return [(idx, torch.stack(views).reshape(len(views), -1)) for idx, views in plan]
     return [(idx, torch.stack(views, out=buf).reshape(len(views), -1))
