@@ -199,10 +199,7 @@ class RichBatch:
         if rows <= have:
             return False
         size = rows * row_bytes
-        # made during an eval under inference_mode, it would be an inference tensor, which
-        # cannot be written to outside inference mode
-        with torch.inference_mode(False):
-            buf = torch.empty((rows, *x.shape), dtype=x.dtype, device=x.device)
+        buf = _rows_like(rows, x)
         if group is not None:
             buf[: group[1]].copy_(group[0][: group[1]])
         self._groups[key] = [buf, 0 if group is None else group[1]]
@@ -396,11 +393,15 @@ def stacked(plan: StackPlan, into: list[torch.Tensor] | None = None) -> Stacks:
 
 def stack_buffers(plan: StackPlan) -> list[torch.Tensor]:
     """Buffers for `stacked(plan, into=...)`, one per group."""
-    # made outside inference mode, or a buffer made during an eval could not be written
-    # to after it (see `RichBatch`)
+    return [_rows_like(len(views), views[0]) for _, views in plan]
+
+
+def _rows_like(rows: int, x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised buffer of `rows` tensors like `x`, kept from step to step. Made
+    outside inference mode: made during an eval under `inference_mode` it would be an
+    inference tensor, which cannot be written to after it."""
     with torch.inference_mode(False):
-        return [torch.empty((len(views), *views[0].shape), dtype=views[0].dtype,
-                            device=views[0].device) for _, views in plan]
+        return torch.empty((rows, *x.shape), dtype=x.dtype, device=x.device)
 
 
 def stacked_norms(stacks: Stacks, into: Scalars) -> list[int]:
@@ -408,7 +409,5 @@ def stacked_norms(stacks: Stacks, into: Scalars) -> list[int]:
     pos = [0] * sum(len(idx) for idx, _ in stacks)
     for idx, rows in stacks:
         wide = torch.float32 if rows.element_size() < 4 else None  # as in grouped_norms
-        start = into.add_row(torch.linalg.vector_norm(rows, dim=1, dtype=wide))
-        for k, i in enumerate(idx):
-            pos[i] = start + k
+        _place(pos, idx, into.add_row(torch.linalg.vector_norm(rows, dim=1, dtype=wide)))
     return pos
