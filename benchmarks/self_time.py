@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run for CI (MLP, 12 steps)")
     ap.add_argument("--models", help=f"comma-separated, from {','.join(ob.MODELS)} "
-                                     f"(default: all; quick: mlp)")
+                                     f"(default: {','.join(ob.DEFAULT_MODELS)}; quick: mlp)")
     ap.add_argument("--steps", type=int, help="measured steps (default 140, quick 12)")
     ap.add_argument("--warmup", type=int,
                     help="watched steps before them (default 10, quick 2): with the "
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = ap.parse_args(argv)
-    keys = [k.strip() for k in (args.models or ("mlp" if args.quick else ",".join(ob.MODELS)))
+    keys = [k.strip() for k in (args.models or ("mlp" if args.quick else ",".join(ob.DEFAULT_MODELS)))
             .split(",") if k.strip()]
     unknown = [k for k in keys if k not in ob.MODELS]
     if unknown:

@@ -298,7 +298,7 @@ class Probe:
         elif c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of aminmax
             mn = mx = y.amax()
         else:
-            mn, mx = torch.aminmax(y)
+            mn, mx = stats.min_max(y)
         host = stats.on_host(y)
         if host:  # two floats now instead of two tensors to stack, move and free later
             if type(mx) is not float:

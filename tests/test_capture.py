@@ -10,7 +10,7 @@ from torch import nn
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb import stats
-from neuraldbg_nb.capture import EVENT, OWN_PAGES, REFERENCE, CaptureStore
+from neuraldbg_nb.capture import EVENT, OWN_PAGES, REFERENCE, REFERENCE_BYTES, CaptureStore
 
 MB = 2**20
 
@@ -20,17 +20,36 @@ def _tensors(mb: float) -> dict[str, torch.Tensor | None]:
 
 
 def test_budget_is_never_exceeded_and_events_push_out_references() -> None:
-    store = CaptureStore(4 * MB)
+    each = REFERENCE_BYTES / MB  # a reference keeps at most this much of a tensor
+    store = CaptureStore(4 * REFERENCE_BYTES)
     for step in range(4):
-        assert store.add(step, "fc", REFERENCE, _tensors(1)) is not None
-    assert store.add(4, "fc", REFERENCE, _tensors(1)) is None  # references only fill free room
+        assert store.add(step, "fc", REFERENCE, _tensors(each)) is not None
+    assert store.add(4, "fc", REFERENCE, _tensors(each)) is None  # references only fill free room
     for step in range(10, 16):
-        assert store.add(step, "fc", EVENT, _tensors(1)) is not None
+        assert store.add(step, "fc", EVENT, _tensors(each)) is not None
         assert store.nbytes <= store.budget
     kept = [c.step for c in store]
     assert all(c.reason == EVENT for c in store), kept
     assert 10 in kept, "the earliest event capture is the last to go"
     assert store.nbytes == sum(c.nbytes for c in store)
+
+
+def test_references_keep_a_strided_sample_of_large_tensors_and_events_keep_them_whole() -> None:
+    weight = torch.randn(512, 512)
+    small = torch.randn(64)
+    store = CaptureStore(64 * MB)
+    ref = store.add(8, "fc", REFERENCE, {"weight": weight, "bias": small})
+    assert ref is not None and ref.sampled == {"weight"}
+    assert ref["weight"].numel() * 4 <= REFERENCE_BYTES
+    assert torch.equal(ref["weight"], weight.reshape(-1)[::weight.numel() * 4 // REFERENCE_BYTES])
+    assert torch.equal(ref["bias"], small)
+    event = store.add(9, "fc", EVENT, {"weight": weight})
+    assert event is not None and not event.sampled and torch.equal(event["weight"], weight)
+    conv = torch.randn(16, 32, 16, 16).contiguous(memory_format=torch.channels_last)
+    ref = store.add(8, "conv", REFERENCE, {"output": conv})  # sampled in memory order
+    assert ref is not None and ref.sampled == {"output"}
+    stride = conv.numel() * 4 // REFERENCE_BYTES
+    assert torch.equal(ref["output"], conv.permute(0, 2, 3, 1).reshape(-1)[::stride])
 
 
 def test_events_go_latest_step_first_and_the_first_failure_keeps_one_capture() -> None:

@@ -14,7 +14,7 @@ from models import mlp, train
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.capture import CaptureStore
-from neuraldbg_nb.detectors import BaselineCache, Detection, _baseline, detect, first_failure
+from neuraldbg_nb.detectors import BaselineCache, Detection, _baseline, detect, first_failure, wake
 from neuraldbg_nb.detectors._scan import HOLD, OK, WARNING, last_ok_rows
 from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
 
@@ -233,6 +233,38 @@ def test_gradient_settled_at_the_vanish_line_gives_one_event():
     # a norm that starts in the band (small but never below the line) is no event
     assert of(detect(build([("a", "other")], {"grad_norm": noisy(3e-6)}))[1],
               "vanishing_gradient") == []
+def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
+    """The live scan's trigger (`wake`), two steps at a time: every kind of sudden change
+    wakes it, a move below the half-jump line (gradients: half of `jump_error`) does not."""
+    th = ndbg.Thresholds()  # wake_jump sqrt(10) = 3.16; gradients 10
+    base = {"act_absmax": 2.0, "param_norm": 5.0, "grad_norm": 0.1}
+    scal = {"loss": 1.0, "in_absmax": 3.0, "in_nonfinite": 0.0}
+
+    def woke(col: str, value: float, before: float | None = None) -> bool:
+        cols = {c: np.full((2, 2), v) for c, v in base.items()}
+        scalars = {c: np.full(2, v) for c, v in scal.items()}
+        target = cols[col] if col in cols else scalars[col]
+        if before is not None:
+            target[0, ...] = before
+        target[1, ...] = value
+        return wake(build([("a", "other"), ("b", "other")], cols, scalars, n=2), th)
+
+    assert not wake(build([("a", "other")], {c: np.full((1, 1), v) for c, v in base.items()},
+                          n=1), th), "one step: nothing to compare"
+    assert not woke("act_absmax", 2.0 * 3.1) and woke("act_absmax", 2.0 * 3.2)
+    assert not woke("act_absmax", 2.0 / 3.1) and woke("act_absmax", 2.0 / 3.2)
+    assert woke("act_absmax", 0.0) and woke("act_absmax", math.inf)
+    assert not woke("act_absmax", math.nan), "NaN in the trace: not measured (non-finite is inf)"
+    assert not woke("grad_norm", 0.1 * 9.0) and woke("grad_norm", 0.1 * 11.0)
+    assert woke("grad_norm", 5e-7, before=2e-6), "crossing the vanish line"
+    assert not woke("grad_norm", 5e-7, before=8e-7), "already below it"
+    assert woke("grad_norm", 2e3, before=9e2) and not woke("grad_norm", 3e3, before=2e3)
+    assert woke("param_norm", 5.0 * 3.2) and not woke("param_norm", -5.0)
+    assert woke("loss", 1.0 * 3.2) and not woke("loss", 1.5)
+    assert woke("in_nonfinite", 7.0) and not woke("in_nonfinite", 7.0, before=3.0)
+    assert woke("in_absmax", 0.0), "an all-zero batch"
+
+
 def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Several events of several kinds in one trace."""
     n, L = 120, 4

@@ -59,6 +59,66 @@ def test_the_weight_probe_follows_every_update_of_a_channels_last_model() -> Non
         assert len(ratios) >= 1 and (ratios > 0).all()
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "transposed", "sliced"])
+@pytest.mark.parametrize("fault", ["none", "nan", "inf"])
+def test_min_max_and_the_batch_summary_read_every_element_whatever_the_layout(
+        layout: str, fault: str) -> None:
+    """`min_max` and `input_batch` reduce a non-contiguous tensor in its memory order (or
+    with two passes where it has gaps): the same minimum, maximum, sum and non-finite
+    flag as the plain reductions, with the fault put in the last element in memory."""
+    torch.manual_seed(0)
+    base = torch.randn(4, 6, 5, 7)
+    x = {"contiguous": base,
+         "channels_last": base.contiguous(memory_format=torch.channels_last),
+         "transposed": base.transpose(1, 3),
+         "sliced": base[:, ::2]}[layout]
+    if layout != "contiguous":
+        assert not x.is_contiguous()
+    (stats.dense(x) if stats.dense(x) is not None else x.contiguous()).view(-1)[-1] = {
+        "none": 0.5, "nan": math.nan, "inf": math.inf}[fault]
+    mn, mx = stats.min_max(x)
+    assert torch.equal(mn, x.amin()) or (fault == "nan" and mn.isnan()), (mn, x.amin())
+    assert torch.equal(mx, x.amax()) or (fault == "nan" and mx.isnan()), (mx, x.amax())
+    sc = stats.Scalars()
+    pos = stats.input_batch(x, True, sc)
+    v = sc.to_host()
+    assert v[pos["min"]] == pytest.approx(x.amin().item(), nan_ok=True)
+    assert v[pos["max"]] == pytest.approx(x.amax().item(), nan_ok=True)
+    assert v[pos["sum"]] == pytest.approx(x.sum().item(), rel=1e-5, nan_ok=True)
+    assert v[pos["nonzero"]] == torch.count_nonzero(x).item()
+    finite = torch.isfinite(x).sum().item()
+    assert (pos["finite"] == -1 and finite == x.numel()) or v[pos["finite"]] == finite
+
+
+def test_a_channels_last_cnn_gets_the_true_abs_max_of_every_layer() -> None:
+    """The cheap path on channels-last conv outputs (read in memory order): the traced
+    abs-max of each layer is that of its real output, step by step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Tanh(), nn.Conv2d(8, 4, 3),
+                          nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: dict[str, list[float]] = {}
+    hooks = [m.register_forward_hook(lambda m, a, y, n=n: seen.setdefault(n, []).append(
+        y.detach().abs().max().item())) for n, m in model.named_children()]
+    with ndbg.watch(model, report=False, sample_every=1000) as run:
+        for _ in range(6):
+            x = torch.randn(5, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+            opt.zero_grad()
+            out = model(x)
+            nn.functional.cross_entropy(out, torch.randint(0, 3, (5,))).backward()
+            opt.step()
+    for h in hooks:
+        h.remove()
+    assert not model[0](x).is_contiguous()  # the conv outputs really are channels-last
+    df = run.to_dataframe()
+    watched = set(df.layer)
+    assert {"0", "1", "2", "3", "5"} <= watched
+    for name in watched:
+        values = seen[name]
+        traced = df[df.layer == name].sort_values("step").act_absmax.to_numpy()
+        assert traced == pytest.approx(values, rel=1e-6), name
+
+
 def test_weight_norms_and_update_sizes_are_those_of_the_real_weights() -> None:
     """The after-update copy of the weight probe goes into one buffer reused at every
     step; the copy before a sampled update must stay apart from it, or the update sizes
@@ -208,15 +268,17 @@ def _real_stats(y: torch.Tensor, name: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("batched", [True, False])
 def test_rich_statistics_of_small_activations_taken_in_batches_are_the_real_ones(
-        batched: bool) -> None:
+        batched: bool, layout: torch.memory_format) -> None:
     """Sampled steps copy small activations into shared buffers and read them together at
     the step's end: the numbers must be those of each activation as its layer returned
     it (fc2's output is edited in place afterwards), and the same as the per-layer path
-    gives (`batched=False`: no room for buffers)."""
+    gives (`batched=False`: no room for buffers), whatever the conv output's layout
+    (channels-last: read in memory order)."""
     torch.manual_seed(0)
-    model = _Mixed()
+    model = _Mixed().to(memory_format=layout)
     real: dict[tuple[int, str], dict[str, float]] = {}
     step = [0]
     for name, m in model.named_children():
@@ -230,7 +292,7 @@ def test_rich_statistics_of_small_activations_taken_in_batches_are_the_real_ones
         for step[0] in range(3):
             x, y = torch.randn(8, 3, 6, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
             opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            nn.functional.cross_entropy(model(x.contiguous(memory_format=layout)), y).backward()
             opt.step()
         assert (w._probe._batch_rows.nbytes > 0) == batched
     df = run.to_dataframe().set_index(["step", "layer"])

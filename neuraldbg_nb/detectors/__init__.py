@@ -9,7 +9,6 @@ machine carries its state across chunks. Detectors are listed here, one module e
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from ..events import Event
 from ..thresholds import Thresholds
@@ -83,11 +82,10 @@ class Detection:
             else:
                 found = detector(trace, lo, stop, th)
             for f in found:
-                rows = slice(start - lo, None)
-                chunk = replace(f, codes=f.codes[rows], values=f.values[rows],
-                                previous=None if f.previous is None else f.previous[rows])
-                carry = self._carries.setdefault((f.kind, f.signal), Carry())
-                scan(chunk, carry, start, names, th.patience, self._events)
+                carry = self._carries.get((f.kind, f.signal))
+                if carry is None:  # not setdefault: a Carry is eight arrays to build
+                    carry = self._carries[(f.kind, f.signal)] = Carry()
+                scan(f, carry, start, names, th.patience, self._events, start - lo)
         self.steps_done = stop
         self._sorted = None
         return sorted(self._events[before:], key=_order)

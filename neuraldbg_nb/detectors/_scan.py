@@ -122,35 +122,40 @@ def last_ok_rows(codes: np.ndarray, values: np.ndarray, cols: np.ndarray) -> np.
 
 
 def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]],
-         exit_patience: int, events: list[Event]) -> None:
-    """Advance the machine over the rows of `f` (starting at step `first_step`), appending
-    new events to `events` and closing the ones that ended (their `end` is set).
-    `names` holds each column's (qualified name, label for sentences)."""
-    n, cols = f.codes.shape
+         exit_patience: int, events: list[Event], skip: int = 0) -> None:
+    """Advance the machine over the rows of `f` from row `skip` on (the rows before are
+    history the detector read; row `skip` is step `first_step`), appending new events to
+    `events` and closing the ones that ended (their `end` is set). `names` holds each
+    column's (qualified name, label for sentences)."""
+    codes, values = f.codes[skip:], f.values[skip:]
+    previous = None if f.previous is None else f.previous[skip:]
+    n, cols = codes.shape
     if n == 0:
         return
     carry.grow(cols)
     level = carry.level[:cols]
     # steady: every observed code equals the reported level, and nothing is pending
-    steady = ((f.codes == level[None, :]) | (f.codes == HOLD)).all(0) & (carry.code[:cols] == level)
+    steady = ((codes == level[None, :]) | (codes == HOLD)).all(0) & (carry.code[:cols] == level)
 
     # steady columns: the run goes on; only the last healthy value can change
     quiet = np.flatnonzero(steady)
     carry.length[quiet] += n
-    row = last_ok_rows(f.codes, f.values, quiet)
+    row = last_ok_rows(codes, values, quiet)
     has = row >= 0
-    carry.last_ok[quiet[has]] = f.values[row[has], quiet[has]]
+    carry.last_ok[quiet[has]] = values[row[has], quiet[has]]
 
     moving = np.flatnonzero(~steady)
     if len(moving):
-        filled = np.ascontiguousarray(forward_fill(f.codes[:, moving], carry.code[moving]).T)
+        filled = np.ascontiguousarray(forward_fill(codes[:, moving], carry.code[moving]).T)
         for i, j in enumerate(moving.tolist()):
-            _walk(f, carry, j, filled[i], first_step, names, exit_patience, events)
+            _walk(f, codes, values, previous, carry, j, filled[i], first_step, names,
+                  exit_patience, events)
 
 
-def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
+def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarray | None,
+          carry: Carry, j: int, col: np.ndarray, first_step: int,
           names: list[tuple[str, str]], exit_patience: int, events: list[Event]) -> None:
-    values = f.values[:, j]
+    own = values[:, j]
     bounds = np.flatnonzero(np.diff(col)) + 1
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [len(col)]])
@@ -161,8 +166,8 @@ def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
             carry.length[j] += b - a
         else:
             carry.code[j], carry.start[j], carry.length[j] = k, first_step + a, b - a
-            carry.start_value[j] = values[a]
-            carry.start_previous[j] = (f.previous[a, j] if f.previous is not None
+            carry.start_value[j] = own[a]
+            carry.start_previous[j] = (previous[a, j] if previous is not None
                                        else carry.last_ok[j])
         level = int(carry.level[j])
         if k > level and carry.length[j] >= f.patience:
@@ -182,10 +187,10 @@ def _walk(f: Finding, carry: Carry, j: int, col: np.ndarray, first_step: int,
                                     f.recovery(label, at, value, failed, "info"),
                                     value, failed, f.signal, at, j if f.per_layer else -1))
         if k == OK:  # the last healthy value: most often the segment's last row
-            last = b - 1 if f.codes[b - 1, j] == OK and not np.isnan(values[b - 1]) else \
-                a + int(last_ok_rows(f.codes[a:b], f.values[a:b], np.array([j]))[0])
+            last = b - 1 if codes[b - 1, j] == OK and not np.isnan(own[b - 1]) else \
+                a + int(last_ok_rows(codes[a:b], values[a:b], np.array([j]))[0])
             if last >= a:
-                carry.last_ok[j] = values[last]
+                carry.last_ok[j] = own[last]
 
 
 def _close(events: list[Event], carry: Carry, j: int, at: int) -> None:

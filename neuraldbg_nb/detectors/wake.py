@@ -13,6 +13,8 @@ batch.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..thresholds import Thresholds
@@ -24,30 +26,40 @@ _MOVERS = ("act_absmax", "param_norm", "grad_norm")
 
 def wake(trace: Trace, th: Thresholds) -> bool:
     """True if the newest step may start an event (judged on the columns measured every
-    step; sampled ones are compared by `SampledWake`)."""
+    step; sampled ones are compared by `SampledWake`). It runs after every step of a live
+    run, so it is a handful of whole-row numpy ops: a row's move of `f` decades or more,
+    |log10(now / before)| >= f, is read as now / before outside (10**-f, 10**f)."""
     t = trace.n_steps - 1
     if t < 1:
         return False
-    rows = [trace.col(c, t - 1, t + 1) for c in _MOVERS]
-    rows.append(np.stack([trace.scalar(c, t - 1, t + 1) for c in ("loss", "in_absmax")], 1))
-    before, now = np.concatenate(rows, 1).astype(np.float64)
-    grad_b, grad = trace.col("grad_norm", t - 1, t + 1)
-    inf_b, inf = trace.scalar("in_nonfinite", t - 1, t + 1)
-    n_layers = trace.n_layers
-    # half the jump (in decades) wakes; gradients swing by a decade on ordinary batches and
-    # only warn from jump_error, so they wake from half of that
-    factor = np.full(now.shape, np.log10(th.wake_jump))
-    factor[2 * n_layers: 3 * n_layers] = 0.5 * np.log10(max(th.jump, th.jump_error))
+    cols = [trace.col(c, t - 1, t + 1) for c in _MOVERS]
+    both = np.concatenate(cols + [trace.scalar(c, t - 1, t + 1)[:, None] for c in _SCALARS],
+                          1).astype(np.float64)
+    before, now = both[:, :-1]
+    hi, lo = _bands(trace.n_layers, th)
+    grad_b, grad = cols[-1]  # as recorded (float32), as the gradient detector compares them
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.abs(np.log10(now / before))
-        flags = np.concatenate([
-            np.isinf(now) & ~np.isinf(before),
-            ratio >= factor,
-            (grad < th.vanish) & ~(grad_b < th.vanish),
-            (grad > th.explode) & ~(grad_b > th.explode),
-            [inf > 0 and not inf_b > 0, now[-1] == 0 and before[-1] != 0],
-        ])
-    return bool(flags.any())
+        q = now / before
+        moved = (q >= hi) | ((q <= lo) & (q >= 0)) | (np.isinf(now) & ~np.isinf(before))
+        crossed = ((grad < th.vanish) & ~(grad_b < th.vanish)) \
+            | ((grad > th.explode) & ~(grad_b > th.explode))
+    inf_b, inf = both[:, -1]
+    return bool(moved.any() or crossed.any() or (inf > 0 and not inf_b > 0)
+                or (now[-1] == 0 and before[-1] != 0))
+
+
+_SCALARS = ("loss", "in_absmax", "in_nonfinite")
+"""Per-step columns read by `wake`: the first two are compared like the movers."""
+
+
+@functools.lru_cache(maxsize=8)
+def _bands(n_layers: int, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
+    """(10**f, 10**-f) for each value `wake` compares: half the jump in decades; gradients
+    swing by a decade on ordinary batches and only warn from `jump_error`, so they wake
+    from half of that."""
+    f = np.full(3 * n_layers + 2, np.log10(th.wake_jump))
+    f[2 * n_layers: 3 * n_layers] = 0.5 * np.log10(max(th.jump, th.jump_error))
+    return 10.0 ** f, 10.0 ** -f
 
 
 class SampledWake:
