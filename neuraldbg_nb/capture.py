@@ -22,7 +22,7 @@ from operator import itemgetter
 
 import torch
 
-from .stats import dense
+from .stats import dense, stored_values
 
 _STEP = itemgetter(0)  # the step of a (step, layer) key
 
@@ -118,8 +118,12 @@ class CaptureStore:
             size = t.numel() * t.element_size()
             if size > per_tensor:
                 stride = math.ceil(size / per_tensor)
-                flat = dense(t)  # memory order: no copy of a channels-last tensor to sample it
-                t = (t.reshape(-1) if flat is None else flat.view(-1))[::stride]
+                if t.layout != torch.strided:
+                    flat = stored_values(t)
+                else:  # memory order: no copy of a channels-last tensor to sample it
+                    dense_t = dense(t)
+                    flat = t.reshape(-1) if dense_t is None else dense_t.view(-1)
+                t = flat[::stride]
                 sampled.add(name)
             views[name] = t
         unique = {sources[name]: t for name, t in views.items()}

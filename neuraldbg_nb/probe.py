@@ -281,6 +281,8 @@ class Probe:
         y = output if type(output) is torch.Tensor else first_tensor(output)
         if y is None or not y.is_floating_point():
             return
+        if y.layout != torch.strided:  # sparse: its stored values (see `stats.stored_values`)
+            y = stats.stored_values(y)
         numel = y.numel()
         if numel == 0:
             return

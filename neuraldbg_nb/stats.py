@@ -284,6 +284,21 @@ def _pinned(x: torch.Tensor, bounds: tuple[float, float]) -> torch.Tensor:
     return (x - center).abs() >= 0.98 * half
 
 
+def stored_values(x: torch.Tensor) -> torch.Tensor:
+    """The values a sparse (or other non-strided) tensor holds, as a 1-d tensor, with one
+    zero added where it has implicit zeros: what its extremes, sums and non-finite values
+    are read from. PyTorch's reductions do not run on sparse layouts, and a dense copy of
+    a large sparse tensor could be far larger than the tensor."""
+    if x.is_sparse:
+        v = x.coalesce().values()
+    elif x.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        v = x.values()
+    else:  # e.g. mkldnn: no stored values to read
+        return x.to_dense().reshape(-1)
+    v = v.reshape(-1)
+    return torch.cat([v, v.new_zeros(1)]) if v.numel() < x.numel() else v
+
+
 def dense(x: torch.Tensor) -> torch.Tensor | None:
     """`x` where it is contiguous; else the permutation of its dimensions that is (the
     memory order of a channels-last or transposed tensor); None where its memory has gaps
@@ -312,7 +327,10 @@ def input_batch(x: torch.Tensor, rich: bool, into: Scalars) -> dict[str, int]:
     sum and a strided sum (with min and max, a fingerprint that tells an exact repeat of
     the previous batch). Sampled steps add the norm, nonzero and finite counts; the finite
     count is -1 (all of them) where a CPU batch's min and max are finite. A channels-last
-    batch is read in its memory order (`dense`); one with gaps is copied once."""
+    batch is read in its memory order (`dense`); one with gaps is copied once; a sparse one
+    through its stored values."""
+    if x.layout != torch.strided:
+        x = stored_values(x)
     xf = x if x.is_floating_point() else x.float()
     flat = dense(xf)
     flat = (xf.contiguous() if flat is None else flat).view(-1)

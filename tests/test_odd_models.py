@@ -205,6 +205,55 @@ def test_evaluation_inside_the_loop_under_inference_mode_and_no_grad():
     _no_errors(run)
 
 
+class SparseOut(nn.Module):
+    """A layer of its own parameters that returns a sparse (COO) tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 16) * 0.4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.to_dense() @ self.weight).to_sparse()
+
+
+class SparseModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sparse = SparseOut()
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.sparse(x).to_dense())
+
+
+@pytest.mark.parametrize("sample_every", [1, 10])
+def test_sparse_outputs_and_inputs_are_read_through_their_stored_values(sample_every):
+    """PyTorch's reductions do not run on sparse tensors: a layer returning one, or a
+    sparse batch, used to make the hook raise inside the user's forward. Their extremes
+    are read from the stored values, and a fault in that layer is found there."""
+    torch.manual_seed(0)
+    model = SparseModel()
+    seen: list[float] = []
+    model.sparse.register_forward_hook(
+        lambda m, a, y: seen.append(y.detach().to_dense().abs().max().item()))
+    x, y = _batches(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with ndbg.watch(model, report=False, sample_every=sample_every) as run:
+        for step in range(STEPS):
+            if step == S:
+                with torch.no_grad():
+                    model.sparse.weight.mul_(1000.0)
+            opt.zero_grad()
+            F.cross_entropy(model(x[step, :, :6].to_sparse()), y[step]).backward()
+            opt.step()
+    traced = run.trace.col("act_absmax")[:, run.trace.layer_names.index("sparse")]
+    np.testing.assert_allclose(traced, seen, rtol=1e-6)
+    assert np.isfinite(run.trace.scalar("in_absmax")).all()
+    ff = run.first_failure
+    assert ff is not None and (ff.step, ff.layer) == (S, "sparse"), ff
+    assert run.inspect(ff)["weight"].shape == (6, 16)
+
+
 # -- integer inputs -----------------------------------------------------------------------
 def test_integer_inputs_embeddings():
     setup = transformer()
