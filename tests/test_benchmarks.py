@@ -33,6 +33,17 @@ def test_self_time_benchmark_runs_in_quick_mode_and_charges_every_part() -> None
     assert float(quiet) > 0 and float(mean) > 0  # the wrappers saw the engine's code run
 
 
+def test_compare_benchmark_runs_a_checkout_beside_this_one() -> None:
+    """Compared with itself (the same sources imported under two names), both versions
+    are timed and the difference row is there; a path without a package is refused."""
+    out = _run("benchmarks/compare.py", "--base", str(ROOT), "--models", "mlp", "--rounds",
+               "2", "--steps", "1", "--warmup", "1")
+    assert out.count(" base ") >= 1 and "this - base" in out
+    done = subprocess.run([sys.executable, "benchmarks/compare.py", "--base", "/nonexistent"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "no neuraldbg_nb/__init__.py" in done.stderr
+
+
 def test_panel_scale_benchmark_runs_in_quick_mode() -> None:
     out = _run("benchmarks/panel_scale.py", "--quick")
     assert "re-classify" in out and "live message size" in out

@@ -1,0 +1,143 @@
+"""Two versions of the engine side by side in one process: did a change make it cheaper?
+
+    git worktree add /tmp/base HEAD~1
+    python benchmarks/compare.py --base /tmp/base --models mlp,cnn-cl --threads 1 --clock cpu
+
+The package of the checkout at `--base` is imported under another name beside this
+checkout's, and each model is trained in three copies (plain, base-watched, this-watched).
+A round times blocks of `--steps` steps in the order plain, A, B, B, A, plain, where A and
+B are the two versions, swapped every other round; a version's ratio is its two blocks
+over the round's two plain blocks, and the table gives the median over the rounds. Runs of
+`overhead.py` minutes apart differ by 0.03-0.05 on this machine, more than most single
+changes move them; here both versions share every round's plain time and machine state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import importlib.util
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import overhead as ob
+import torch
+
+
+def import_base(checkout: Path) -> ModuleType:
+    """The `neuraldbg_nb` package of another checkout, as the module `neuraldbg_base`
+    (its imports are relative, so it runs beside this checkout's without mixing)."""
+    init = checkout / "neuraldbg_nb" / "__init__.py"
+    if not init.is_file():
+        raise SystemExit(f"--base {checkout}: no neuraldbg_nb/__init__.py there; give the "
+                         f"root of a checkout (e.g. `git worktree add /tmp/base HEAD~1`)")
+    spec = importlib.util.spec_from_file_location(
+        "neuraldbg_base", init, submodule_search_locations=[str(init.parent)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["neuraldbg_base"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def digest(package: ModuleType) -> str:
+    """A short hash of a package's sources (as `overhead.source_digest`)."""
+    h = hashlib.sha1()
+    for f in sorted(Path(package.__file__).parent.rglob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:10]
+
+
+def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, warmup: int,
+            watch_kwargs: dict[str, object], clock: Callable[[], float]
+            ) -> tuple[str, dict[str, list[float]]]:
+    """The model's title and, per version, the ratio of each round (see the module
+    docstring)."""
+    plain = ob.fresh(key)
+    runs = {}
+    for name, package in versions.items():
+        b = ob.fresh(key)
+        runs[name] = (b, package.watch(b.model, report=False, **watch_kwargs))
+
+    def block(b: ob.Bench, w) -> float:
+        gc.collect()
+        start = clock()
+        if w is None:
+            for _ in range(steps):
+                ob.step(b)
+        else:
+            with w:
+                for _ in range(steps):
+                    ob.step(b)
+        return clock() - start
+
+    for _ in range(warmup):
+        ob.step(plain)
+    for b, w in runs.values():
+        with w:
+            for _ in range(warmup):
+                ob.step(b)
+    names = list(runs)
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        a, b = names if r % 2 == 0 else names[::-1]
+        p1 = block(plain, None)
+        a1, b1, b2, a2 = (block(*runs[a]), block(*runs[b]), block(*runs[b]), block(*runs[a]))
+        base = p1 + block(plain, None)
+        ratios[a].append((a1 + a2) / base)
+        ratios[b].append((b1 + b2) / base)
+        print(f"  {key}: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
+    return plain.title, ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, required=True,
+                    help="root of the checkout to compare with (its neuraldbg_nb/ is used)")
+    ap.add_argument("--models", default="mlp",
+                    help=f"comma-separated, from {','.join(ob.MODELS)} (default mlp)")
+    ap.add_argument("--rounds", type=int, default=12, help="rounds (default 12)")
+    ap.add_argument("--steps", type=int, default=5, help="steps per block (default 5)")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps per copy first")
+    ap.add_argument("--gradients-only", action="store_true",
+                    help="watch(model, activations=False) in both versions")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument("--clock", choices=sorted(ob.CLOCKS), default="cpu",
+                    help="cpu (default, with --threads 1) or wall")
+    ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    args = ap.parse_args(argv)
+    keys = [k.strip() for k in args.models.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in ob.MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ob.MODELS)}")
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
+        ap.error("--rounds and --steps must be at least 1, --warmup at least 0")
+    base = import_base(args.base.resolve())
+    versions = {f"base {digest(base)}": base, f"this {digest(ob.neuraldbg_nb)}": ob.neuraldbg_nb}
+    torch.set_num_threads(args.threads)
+    kw: dict[str, object] = {"activations": False} if args.gradients_only else {}
+    ob.print_header("benchmarks/compare.py", argv)
+    print(f"base: {args.base} (sources sha1 {digest(base)})")
+    print(f"{args.rounds} rounds of {args.steps}-step blocks (plain, A, B, B, A, plain; A and "
+          f"B swapped every other round); {ob.call_text(kw)}; {args.clock} clock\n")
+    rows = []
+    for key in keys:
+        title, got = compare(key, versions, args.rounds, args.steps, args.warmup, kw,
+                             ob.CLOCKS[args.clock])
+        for name, values in got.items():
+            rows.append([title, name, f"{statistics.median(values):.3f}", ob._quartiles(values)])
+        diffs = [b - a for a, b in zip(*got.values())]
+        rows.append([title, "this - base (median of per-round differences)",
+                     f"{statistics.median(diffs):+.3f}", ob._quartiles(diffs)])
+    print(ob.fmt_table(["model", "version", "watched/plain (median)", "quartiles"], rows,
+                       args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
