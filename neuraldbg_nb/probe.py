@@ -282,7 +282,7 @@ class Probe:
         if y is None or not y.is_floating_point():
             return
         if y.layout != torch.strided:  # sparse: its stored values (see `stats.stored_values`)
-            y = stats.stored_values(y)
+            y = stats.stored_values(y.detach())
         numel = y.numel()
         if numel == 0:
             return
