@@ -160,15 +160,18 @@ class Watch:
         if fired or reference or any(e.severity != "info" for e in new):
             # the batch once per step, under layer None
             store.add(record.step, None, EVENT if new else REFERENCE, {"batch": record.batch})
-        for idx in sorted(fired) + (sorted(record.refs) if reference else []):
+        layers = sorted(fired) + (sorted(record.refs) if reference else [])
+        owned: dict[int, list[tuple[str, nn.Parameter]]] = {}
+        if layers:  # each layer's parameters, found in one pass (a reference takes them all)
+            for name, p, owner in record.params:
+                owned.setdefault(owner, []).append((name, p))
+        for idx in layers:
             if idx >= len(names) or store.has(record.step, names[idx]):
                 continue
             inp, out = record.refs.get(idx, (None, None))
             tensors = {"input": inp, "output": out}
             first_grad = True
-            for name, p, owner in record.params:
-                if owner != idx:
-                    continue
+            for name, p in owned.get(idx, []):
                 local = name[len(names[idx]) + 1:]
                 tensors[local] = p
                 tensors[f"{local}.grad"] = p.grad
