@@ -74,8 +74,13 @@ def test_min_max_and_the_batch_summary_read_every_element_whatever_the_layout(
          "sliced": base[:, ::2]}[layout]
     if layout != "contiguous":
         assert not x.is_contiguous()
-    (stats.dense(x) if stats.dense(x) is not None else x.contiguous()).view(-1)[-1] = {
-        "none": 0.5, "nan": math.nan, "inf": math.inf}[fault]
+    value = {"none": 0.5, "nan": math.nan, "inf": math.inf}[fault]
+    memory_order = stats.dense(x)
+    if memory_order is not None:
+        memory_order.view(-1)[-1] = value  # the last element in memory
+    else:  # gaps: the last element in index order
+        x[(-1,) * x.dim()] = value
+    assert torch.isfinite(x).all().item() == (fault == "none")
     mn, mx = stats.min_max(x)
     assert torch.equal(mn, x.amin()) or (fault == "nan" and mn.isnan()), (mn, x.amin())
     assert torch.equal(mx, x.amax()) or (fault == "nan" and mx.isnan()), (mx, x.amax())
