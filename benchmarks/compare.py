@@ -17,8 +17,8 @@ CNN, 16 rounds of identical code gave a median difference of +0.024.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
-import hashlib
 import importlib.util
 import statistics
 import sys
@@ -46,14 +46,6 @@ def import_base(checkout: Path) -> ModuleType:
     return module
 
 
-def digest(package: ModuleType) -> str:
-    """A short hash of a package's sources (as `overhead.source_digest`)."""
-    h = hashlib.sha1()
-    for f in sorted(Path(package.__file__).parent.rglob("*.py")):
-        h.update(f.read_bytes())
-    return h.hexdigest()[:10]
-
-
 def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, warmup: int,
             watch_kwargs: dict[str, object], clock: Callable[[], float]
             ) -> tuple[str, dict[str, list[float]]]:
@@ -65,24 +57,17 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
         b = ob.fresh(key)
         runs[name] = (b, package.watch(b.model, report=False, **watch_kwargs))
 
-    def block(b: ob.Bench, w) -> float:
+    def block(b: ob.Bench, w, n: int = steps) -> float:
         gc.collect()
         start = clock()
-        if w is None:
-            for _ in range(steps):
+        with w or contextlib.nullcontext():
+            for _ in range(n):
                 ob.step(b)
-        else:
-            with w:
-                for _ in range(steps):
-                    ob.step(b)
         return clock() - start
 
-    for _ in range(warmup):
-        ob.step(plain)
+    block(plain, None, warmup)
     for b, w in runs.values():
-        with w:
-            for _ in range(warmup):
-                ob.step(b)
+        block(b, w, warmup)
     names = list(runs)
     ratios: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
@@ -120,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--rounds and --steps must be at least 1, --warmup at least 0")
     base = import_base(args.base.resolve())
-    versions = {f"base {digest(base)}": base, f"this {digest(ob.neuraldbg_nb)}": ob.neuraldbg_nb}
+    versions = {f"base {ob.source_digest(base)}": base, f"this {ob.source_digest()}": ob.neuraldbg_nb}
     torch.set_num_threads(args.threads)
     kw: dict[str, object] = {"activations": False} if args.gradients_only else {}
     ob.print_header("benchmarks/compare.py", argv)
-    print(f"base: {args.base} (sources sha1 {digest(base)})")
+    print(f"base: {args.base} (sources sha1 {ob.source_digest(base)})")
     print(f"{args.rounds} rounds of {args.steps}-step blocks (plain, A, B, B, A, plain; A and "
           f"B swapped every other round); {ob.call_text(kw)}; {args.clock} clock\n")
     rows = []

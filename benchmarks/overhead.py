@@ -46,6 +46,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -324,10 +325,11 @@ def _quartiles(xs: list[float]) -> str:
 # -- main ----------------------------------------------------------------------------
 
 
-def source_digest() -> str:
-    """A short hash of the engine's sources, to tell which code a table measured."""
+def source_digest(package: ModuleType = neuraldbg_nb) -> str:
+    """A short hash of the engine's sources (of `package`: another checkout's, in
+    `compare.py`), to tell which code a table measured."""
     h = hashlib.sha1()
-    root = Path(neuraldbg_nb.__file__).parent
+    root = Path(package.__file__).parent
     for f in sorted(root.rglob("*.py")):
         h.update(f.read_bytes())
     return h.hexdigest()[:10]

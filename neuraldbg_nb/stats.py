@@ -302,8 +302,9 @@ def stored_values(x: torch.Tensor) -> torch.Tensor:
 def dense(x: torch.Tensor) -> torch.Tensor | None:
     """`x` where it is contiguous; else the permutation of its dimensions that is
     contiguous (the memory order of a channels-last or transposed tensor); None where its
-    memory has gaps or overlaps (a slice, an expanded view). Reductions over all elements give the same
-    result on either, and PyTorch's are far faster on the contiguous one (`min_max`)."""
+    memory has gaps or overlaps (a slice, an expanded view). Reductions over all elements
+    give the same result on either, and PyTorch's are far faster on the contiguous one
+    (`min_max`)."""
     if x.is_contiguous():
         return x
     p = x.permute(sorted(range(x.dim()), key=x.stride, reverse=True))
