@@ -443,6 +443,19 @@ def main(argv: list[str] | None = None) -> int:
     print(fmt_table(["per-round ratio, quartiles 25%-75%"] + header[1:], spread, md))
     print()
 
+    # what the watched runs measured of themselves (`run.overhead`), beside the ratios
+    own = []
+    for c in others:
+        if c.watch_kwargs is None:
+            continue
+        cells = []
+        for k in keys:
+            o = c.runs[k].overhead if k in c.runs else None
+            cells.append(f"{1 + o.fraction:.2f}" if o is not None else "n/a")
+        own.append([c.label] + cells)
+    print(fmt_table(["self-reported: 1 + run.overhead.fraction"] + header[1:], own, md))
+    print()
+
     # trace memory and events of the default-settings run
     default = next(c for c in cfgs if c.key == "default")
     mem = [["trace bytes per layer-step (default)"], ["layers watched"], ["steps recorded"],
@@ -464,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     for c in cfgs:
         if c.watch_kwargs is not None:
             notes.append(f"{c.label}: {call_text(c.watch_kwargs)}")
+    notes.append("Self-reported: the engine's own time per step, measured by the run as it "
+                 "trained (the mean over its last 256 steps), over the loop's median step "
+                 "without it; it leaves out PyTorch's cost of calling the hooks.")
     notes.append(f"Ratios: per round, a quad of {steps}-step blocks (plain, config, config, "
                  "plain); the config's time over the plain time of the same quad; the "
                  f"median over {rounds} rounds. Quartiles: of the same {rounds} ratios.")

@@ -51,8 +51,9 @@ class NeuralDbgMagics(Magics):
     @argument("--sample-every", type=int, default=10,
               help="full activation statistics every N steps (default 10)")
     @argument("--overhead", type=float, default=None, metavar="FRACTION",
-              help="budget for activation statistics as a fraction of the step time, e.g. "
-                   "0.02: sampled less often where they cost more (default: off)")
+              help="budget for watching as a fraction of the step time, e.g. 0.02: the "
+                   "full statistics are sampled less often to hold it; the run says so "
+                   "where the per-step checks alone cost more (default: off)")
     @argument("--trace-mb", type=float, default=64,
               help="memory for the exact recent steps; older ones are compacted (default 64)")
     @argument("--no-activations", action="store_true",
@@ -92,8 +93,8 @@ class NeuralDbgMagics(Magics):
             pass  # the panel shows where it stopped; next cells can inspect the run
         finally:
             if panel is None:
-                print(run, file=sys.stdout)
-            if run.notes:
+                print(run, file=sys.stdout)  # the notes are in it
+            elif run.notes:
                 print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
 
 

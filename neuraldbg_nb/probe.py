@@ -29,6 +29,7 @@ from torch.utils.hooks import RemovableHandle
 from . import loss_tap, stats
 from .capture import is_reference_step
 from .layers import bounds_of, first_tensor, is_nonnegative, iter_layers, own_params, role_of
+from .selfcost import SelfCost
 from .trace import Trace
 
 
@@ -47,6 +48,7 @@ class StepRecord:
 
 
 _is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
+_clock = time.perf_counter
 
 WEIGHT_PROBE = 4096
 """Elements of each weight tensor whose norm is read after every update."""
@@ -67,11 +69,13 @@ class Sampler:
 
     Every `every`-th step by default. With an `overhead` budget (a fraction of the step
     time), the interval grows where the statistics cost more than the budget allows: the
-    time spent computing them on a sampled step, over the step's wall time, divided by the
-    budget, is the interval that holds it (it only grows, by doublings). Non-finite values
-    are still caught every step by the cheap path, whatever the interval. Because the
-    budget is measured in time, which steps are sampled can differ between two runs of
-    the same training; `overhead=None` gives a fixed, reproducible schedule.
+    time spent computing them on a sampled step, over the loop's step without the
+    engine's time, divided by what the per-step checks leave of the budget (at least a
+    quarter of it), is the interval that holds it (it only grows, by doublings).
+    Non-finite values are still caught every step by the cheap path, whatever the
+    interval. Because the budget is measured in time, which steps are sampled can differ
+    between two runs of the same training; `overhead=None` gives a fixed, reproducible
+    schedule.
     """
 
     MAX_INTERVAL = 1000
@@ -80,21 +84,19 @@ class Sampler:
         self.every = every
         self.overhead = overhead
         self.interval = every
-        self.spent = 0.0
         self._next = 0
-        self._last = time.perf_counter()
 
-    def next(self, step: int, sampled: bool) -> bool:
-        """Called when `step` closes; True if step + 1 is to be sampled."""
-        now = time.perf_counter()
-        wall, self._last = now - self._last, now
-        if self.overhead and self.spent > 0 and wall > self.spent:
-            need = self.spent / (wall - self.spent) / self.overhead
+    def next(self, step: int, sampled: bool, spent: float, plain: float,
+             floor: float) -> bool:
+        """Called when `step` closes, with the seconds its full statistics took, the
+        seconds of the loop's step without the engine, and the per-step checks' share
+        of it (`SelfCost.floor`); True if step + 1 is to be sampled."""
+        if self.overhead and spent > 0 and plain > 0:
+            need = spent / plain / max(self.overhead - floor, self.overhead / 4)
             while self.interval < min(need, self.MAX_INTERVAL):
                 self.interval *= 2  # only grows, in doublings: few distinct schedules
         if sampled:
             self._next = step + self.interval
-        self.spent = 0.0
         return step + 1 >= self._next
 
 
@@ -114,12 +116,18 @@ class Probe:
 
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
-                 overhead: float | None = None, hold_jump: float,
+                 overhead: float | None = None, hold_jump: float, cost: SelfCost,
                  on_step: Callable[[StepRecord], None]) -> None:
         """`hold_jump`: the abs-max move that makes a large CPU activation worth holding
-        for capture (the watch passes `Thresholds.wake_jump`, the wake test's factor)."""
+        for capture (the watch passes `Thresholds.wake_jump`, the wake test's factor).
+        `cost`: where the probe records its own time, step by step."""
         self.trace = trace
         self.sampler = Sampler(sample_every, overhead)
+        self.cost = cost
+        # the engine's time since the last step boundary (seconds): the layer hooks'
+        # per-step checks, the full statistics, everything else
+        self._hook_s = self._rich_s = self._other_s = 0.0
+        self._interval_start = _clock()
         self.activations = activations
         self._given = roots is not None
         self._hold = hold_refs
@@ -173,6 +181,8 @@ class Probe:
             self._hook_root(root)
         self._hook_layers(list(self._cand.values()))
         self._unsubscribe = loss_tap.subscribe(self._on_backward)
+        # the time outside the block (a re-entered watch) is no step of the loop
+        self._interval_start = _clock()
 
     def _hook_layers(self, layers: list[_Candidate]) -> None:
         if self.activations:
@@ -262,7 +272,9 @@ class Probe:
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._root_depth == 0:
+            t0 = _clock()
             self._record_input(args, kwargs)
+            self._other_s += _clock() - t0
         self._root_depth += 1
 
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
@@ -281,11 +293,12 @@ class Probe:
         y = output if type(output) is torch.Tensor else first_tensor(output)
         if y is None or not y.is_floating_point():
             return
+        t_in = _clock()
         if y.layout != torch.strided:  # sparse: its stored values (see `stats.stored_values`)
             y = stats.stored_values(y.detach())
         numel = y.numel()
         if numel == 0:
-            return
+            return  # its check's time, a few attribute reads, is not counted
         idx = c.index if c.index >= 0 else self._layer(id(module))
         x = args[0] if args and type(args[0]) is torch.Tensor and args[0].is_floating_point() \
             else first_tensor(args)
@@ -317,7 +330,7 @@ class Probe:
         if type(output) is torch.Tensor and not output.is_inference():  # no version there
             self._last = (weakref.ref(output), output._version, *last)
         if self._sampled:
-            t0 = time.perf_counter()
+            t0 = _clock()
             finite = host and math.isfinite(mn) and math.isfinite(mx)
             row = self._batch_rows.add(y, c.role, c.bounds, c.nonneg) \
                 if finite and numel * y.element_size() <= stats.BATCH_ROW_BYTES else None
@@ -326,10 +339,13 @@ class Probe:
             else:
                 self._rich.append((idx, numel, *stats.rich_activation(
                     y, c.role, c.bounds, self._sc, finite=finite, nonneg=c.nonneg)))
-            self.sampler.spent += time.perf_counter() - t0
+            spent = _clock() - t0
+            self._rich_s += spent
+            t_in += spent  # the per-step checks' time goes on without it
         if self._hold and (self._hold_all or numel * y.element_size() < HOLD_FREELY
                            or not host or self._unusual(idx, mn, mx)):
             self._refs[idx] = (x, y)  # the capture store detaches them
+        self._hook_s += _clock() - t_in
 
     def _known(self, t: torch.Tensor, bumps: int) -> tuple[Any, Any] | None:
         """(min, max) of `t` (floats on the host, else device tensors) where it is the
@@ -380,7 +396,9 @@ class Probe:
             self._batch = batch
 
     def _on_backward(self, root: torch.Tensor) -> None:
+        t0 = _clock()
         self._losses.append(self._sc.add(root.detach()))
+        self._other_s += _clock() - t0
 
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         primary = self._primary() if self._primary is not None else None
@@ -469,6 +487,7 @@ class Probe:
         return self._probe
 
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
+        t_enter = _clock()
         sc = self._sc
         params = self._params()
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
@@ -517,23 +536,44 @@ class Probe:
         if self._sampled and opt is not None:
             self._before = stats.stacked(self._weight_probe()[0])
         record = StepRecord(step, self._refs, self._batch, params)
-        self._sampled = self.sampler.next(step, self._sampled)
+        self._sampled = self._next_sampled(step, t_enter)
         refs = self._refs
         self._reset_step()
         try:
             self._on_step(record)
         finally:
             refs.clear()
+            self._end_interval(t_enter)
+
+    def _next_sampled(self, step: int, t_enter: float) -> bool:
+        """Whether the next step gets the full statistics (`Sampler`), told what this
+        step's cost so far."""
+        spent, floor = self._rich_s, 0.0
+        if spent > 0 and self.sampler.overhead:
+            floor = self.cost.floor()
+        now = _clock()
+        own = self._hook_s + spent + self._other_s + (now - t_enter)
+        return self.sampler.next(step, self._sampled, spent, now - self._interval_start - own,
+                                 floor)
+
+    def _end_interval(self, t_enter: float) -> None:
+        """The step boundary's end: the step's time and the engine's part of it go to
+        `cost`, and the next step starts."""
+        now = _clock()
+        own = self._hook_s + self._rich_s + self._other_s + (now - t_enter)
+        self.cost.record(now - self._interval_start, own, self._hook_s, self._rich_s)
+        self._interval_start = now
+        self._hook_s = self._rich_s = self._other_s = 0.0
 
     def _reduce_rows(self) -> None:
         """The batched rows' statistics, as `_rich` entries (see `stats.RichBatch`)."""
-        t0 = time.perf_counter()
+        t0 = _clock()
         first = self._batch_rows.reduce(self._sc)
         for idx, numel, key, r in self._rich_rows:
             *pos, units, counted = first[key]
             self._rich.append((idx, numel, *(p + r if p >= 0 else -1 for p in pos),
                                units, counted))
-        self.sampler.spent += time.perf_counter() - t0
+        self._rich_s += _clock() - t0
 
     def _after_update(self) -> None:
         """After the primary optimizer's update: the weight probe (every step) and the
@@ -545,6 +585,7 @@ class Probe:
         large one, where reading all the weights would be a full pass over the model. The
         slices are copied in stacks of equal size (`stats.stacked`): a few ops for hundreds
         of layers, and the copy taken before a sampled update is what it is compared with."""
+        t0 = _clock()
         plan, idx = self._weight_probe()
         now = stats.stacked(plan, self._probe_out)  # read below and dropped: one buffer
         before, self._before = self._before, None
@@ -556,6 +597,7 @@ class Probe:
                                     stats.stacked_norms(before, self._sc), idx)
         else:
             self._pending_post = (stats.stacked_norms(now, self._sc), idx)
+        self._other_s += _clock() - t0
 
     def flush(self) -> None:
         """At exit: move the last update's weight norms into the last row."""

@@ -13,6 +13,7 @@ from . import story
 from .capture import CaptureStore
 from .detectors import BaselineCache, Detection, StateMap, first_failure, keep_baselines, symptoms
 from .events import Event
+from .selfcost import Overhead, SelfCost
 from .thresholds import Thresholds
 from .trace import Trace
 
@@ -58,6 +59,8 @@ class Run:
         self.notes: list[str] = []
         """Plain-language notes about what could not be watched (compiled code, ...)."""
         self._probe: Any = None
+        self.cost: SelfCost | None = None
+        """The engine's own time per step, measured while training (None when loaded)."""
         self._listeners: list[Callable[[Run, list[Event]], None]] = []
         self._baselines = BaselineCache()
         """What re-classifying this trace computes once (the trailing baselines), shared
@@ -89,6 +92,13 @@ class Run:
         return StateMap(self.events, self.trace.n_steps, self.trace.n_layers)
 
     @property
+    def overhead(self) -> Overhead | None:
+        """What watching cost over the recent steps, measured as it trained: the engine's
+        time per step and its share of the loop's step (an estimate from inside: see
+        `selfcost`). None for a loaded run or before a few steps."""
+        return self.cost.summary() if self.cost is not None else None
+
+    @property
     def status_text(self) -> str:
         return STATUS_TEXT.get(self.status, self.status)
 
@@ -110,6 +120,7 @@ class Run:
         other._baselines = self._baselines
         other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
+        other.cost = self.cost
         other.selected = self.selected
         return other
 

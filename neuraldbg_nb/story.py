@@ -69,4 +69,8 @@ def tell(run: Run) -> str:
         lines += [f"    {line}" for line in group(others)]
     if run.status not in ("finished", "training"):
         lines.append(f"  training {run.status_text}.")
+    lines += [f"  note: {note}" for note in run.notes]
+    cost = run.overhead
+    if cost is not None:
+        lines.append(f"  {cost}.")
     return "\n".join(lines)

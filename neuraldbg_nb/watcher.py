@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
 from .detectors import Detection, SampledWake, history_rows, wake
 from .probe import Probe, StepRecord
 from .run import Run, TrainingFailure
+from .selfcost import SelfCost
 from .thresholds import Thresholds
 from .trace import Trace
 
@@ -76,10 +78,13 @@ class Watch:
         self.report = report
         trace = Trace(max_tail_bytes=self.trace_bytes)
         self.run = Run(trace, th, CaptureStore(int(capture_mb * 2**20)), Detection(th))
+        self.run.cost = SelfCost(overhead)
+        self._activations = activations
         self._probe = Probe(trace, _roots(model), sample_every=sample_every,
                             hold_refs=capture_mb > 0 and activations,
                             activations=activations, overhead=overhead,
-                            hold_jump=th.wake_jump, on_step=self._on_step)
+                            hold_jump=th.wake_jump, cost=self.run.cost,
+                            on_step=self._on_step)
         self._active = False
         self._schedule = ScanSchedule(th)
         self._seen = 0
@@ -137,6 +142,10 @@ class Watch:
         self._seen = len(run.detection.emitted)
         self._capture(record, new)
         self._bound_trace()
+        note = run.cost.budget_note(self._activations) if run.cost is not None else None
+        if note is not None:
+            run.notes.append(note)
+            warnings.warn(f"neuraldbg: {note}", RuntimeWarning, stacklevel=2)
         run._notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
             raise TrainingFailure(run)
@@ -262,10 +271,12 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
         layer looks unusual, sampled steps and reference steps (see `probe.HOLD_FREELY`).
     sample_every: full activation statistics every N steps at most (non-finite values
         and abs-max are checked every step).
-    overhead: a budget for the activation statistics, as a fraction of the step time
-        (e.g. 0.02): where they cost more, they are sampled less often. Measured in time,
-        so which steps are sampled can differ between two runs; None (the default)
-        samples exactly every `sample_every` steps, reproducibly.
+    overhead: a budget for watching, as a fraction of the step time (e.g. 0.02): the
+        full statistics are sampled less often to fit in what the per-step checks leave
+        of it; where those checks alone cost more, the run says so (a RuntimeWarning and
+        `run.notes`). Measured in time, so which steps are sampled can differ between two
+        runs; None (the default) samples exactly every `sample_every` steps,
+        reproducibly. Whatever the budget, `run.overhead` reports what watching cost.
     activations: False watches gradients, weights, the loss and the input only (the
         cheapest mode: no forward hooks do any work).
     trace_mb: memory for the exact recent steps of the trace; older steps are compacted

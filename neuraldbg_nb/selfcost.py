@@ -1,0 +1,137 @@
+"""What watching costs: the engine's own time in each training step, measured as it runs.
+
+The probe times everything it does (the layer hooks, the input and loss taps, the step
+boundary with detection and captures, the weight probe after the update) and records one
+interval per step: from the end of one step boundary to the end of the next, which is the
+loop's step. `Overhead` summarises the recent steps as what a user pays for watching, a
+fraction of what the loop costs without it; `run.overhead` gives it and `print(run)` ends
+with it.
+
+It is an estimate from inside, not the benchmark: PyTorch's own cost of calling a hook
+(a few microseconds per hooked layer call) is not in it, and the engine's reads bring
+data into the caches that the training reads next (the gradients, before the optimizer
+does), which makes them look dearer than they are. `benchmarks/overhead.py` times whole
+steps, watched against plain.
+
+With an overhead budget (`watch(..., overhead=0.02)`) the full statistics of sampled
+steps get what the per-step checks leave of it (`probe.Sampler`). Sampling cannot lower
+the per-step checks themselves (every layer's non-finite check, every gradient read):
+where they alone take more than the budget, `budget_note` says so once, with the numbers
+and what does lower them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WINDOW = 256
+"""Recent steps summarised (a ring: memory stays fixed however long the run)."""
+WARMUP = 8
+"""First steps left out: layers are found and the first reference captures taken then."""
+CHECK_EVERY = 32
+"""Steps recorded between two looks at the budget (and before the first)."""
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """The debugger's cost per step over the recent steps (up to `WINDOW`).
+
+    Times are means over the steps (periodic detection scans and captures included: the
+    user pays them too), except `step_ms`, a median, so that an evaluation pass or a
+    pause between two steps does not count as the loop's step."""
+
+    fraction: float
+    """own_ms / step_ms: how much longer a step takes watched than plain."""
+    own_ms: float
+    """The engine's time per step."""
+    step_ms: float
+    """The loop's step without the engine's time (median)."""
+    hooks_ms: float
+    """Of own_ms: the layer hooks' per-step checks (one reduction per layer call)."""
+    sampled_ms: float
+    """Of own_ms: the full statistics of sampled steps, spread over every step."""
+    steps: int
+    """Steps summarised."""
+
+    @property
+    def floor(self) -> float:
+        """The per-step part as a fraction of the step: what sampling the full statistics
+        less often cannot lower."""
+        return (self.own_ms - self.sampled_ms) / self.step_ms
+
+    def __str__(self) -> str:
+        return (f"neuraldbg's own time: {self.fraction:.1%} of a training step "
+                f"({self.own_ms:.2f} ms of {self.step_ms:.1f} ms, mean over the last "
+                f"{self.steps} steps; layer hooks {self.hooks_ms:.2f} ms, full statistics "
+                f"{self.sampled_ms:.2f} ms)")
+
+
+class SelfCost:
+    """The engine's time per step, for the recent `WINDOW` steps."""
+
+    def __init__(self, budget: float | None = None) -> None:
+        """`budget`: the watch's `overhead`, or None (no budget to hold)."""
+        self.budget = budget
+        self.recorded = 0
+        self._seen = 0
+        self._rows = np.zeros((WINDOW, 4))  # wall, own, hooks, sampled (seconds)
+        self._noted = False
+
+    def record(self, wall: float, own: float, hooks: float, sampled: float) -> None:
+        """One step: its wall time, the engine's time in it, and of that the layer hooks'
+        per-step checks and the full statistics."""
+        self._seen += 1
+        if self._seen <= WARMUP:
+            return
+        self._rows[self.recorded % WINDOW] = (wall, own, hooks, sampled)
+        self.recorded += 1
+
+    def summary(self) -> Overhead | None:
+        """The recent steps' cost; None before there is one to give."""
+        n = min(self.recorded, WINDOW)
+        if n == 0:
+            return None
+        wall, own, hooks, sampled = self._rows[:n].T
+        step = float(np.median(wall - own))
+        if step <= 0:
+            return None
+        mean_own = float(own.mean())
+        return Overhead(fraction=mean_own / step, own_ms=mean_own * 1e3, step_ms=step * 1e3,
+                        hooks_ms=float(hooks.mean()) * 1e3,
+                        sampled_ms=float(sampled.mean()) * 1e3, steps=n)
+
+    def floor(self) -> float:
+        """The per-step checks' share of the step (0 until `CHECK_EVERY` steps are in)."""
+        if self.recorded < CHECK_EVERY:
+            return 0.0
+        o = self.summary()
+        return o.floor if o is not None else 0.0
+
+    def budget_note(self, activations: bool) -> str | None:
+        """Once, where the per-step checks alone take more than the budget: a note that
+        says by how much and what lowers them; None otherwise. Looked at every
+        `CHECK_EVERY` steps, over the recent ones. `activations`: whether the layer hooks
+        are on (the advice differs)."""
+        if self.budget is None or self._noted or self.recorded < CHECK_EVERY \
+                or self.recorded % CHECK_EVERY:
+            return None
+        o = self.summary()
+        if o is None or o.floor <= self.budget:
+            return None
+        self._noted = True
+        per_step = o.own_ms - o.sampled_ms
+        text = (f"the overhead budget of {self.budget:.1%} cannot be held: the per-step "
+                f"checks alone take {o.floor:.1%} of this loop's step ({per_step:.2f} ms of "
+                f"{o.step_ms:.1f} ms), and sampling the full statistics less often does not "
+                f"lower them.")
+        if activations and o.hooks_ms > 0:
+            text += (f" {o.hooks_ms:.2f} ms of it is the layer hooks (a non-finite check "
+                     f"of every layer's output); watch(..., activations=False) drops them "
+                     f"and still watches gradients, weights, the loss and the input.")
+        else:
+            text += (" What is left is one read of every gradient and of a slice of every "
+                     "weight, and the step's bookkeeping; their share is smaller where a "
+                     "step does more work (a larger batch).")
+        return text

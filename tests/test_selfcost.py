@@ -1,0 +1,153 @@
+"""The engine's own time: measured per step, summarised, and held against a budget.
+
+The bookkeeping is tested on given numbers; the measurement on real trainings whose cost
+is far on one side of the budget (a deep stack of tiny layers, where the per-step checks
+take more than the whole plain step, and a wide shallow net, where they take a few
+percent), so that the machine's noise cannot move them across it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import neuraldbg_nb as ndbg
+from neuraldbg_nb.probe import Sampler
+from neuraldbg_nb.selfcost import CHECK_EVERY, WARMUP, WINDOW, SelfCost
+
+
+def _fill(cost: SelfCost, n: int, wall: float = 0.010, own: float = 0.002,
+          hooks: float = 0.001, sampled: float = 0.0005) -> None:
+    for _ in range(n):
+        cost.record(wall, own, hooks, sampled)
+
+
+def test_the_summary_leaves_out_the_warm_up_and_reads_the_recorded_numbers():
+    cost = SelfCost()
+    _fill(cost, WARMUP, wall=1.0, own=0.9)  # layer discovery, first captures: left out
+    assert cost.summary() is None
+    _fill(cost, 40)
+    o = cost.summary()
+    assert o is not None and o.steps == 40
+    assert o.own_ms == pytest.approx(2.0)
+    assert o.step_ms == pytest.approx(8.0)  # the loop's step without the engine
+    assert o.fraction == pytest.approx(0.25)
+    assert o.hooks_ms == pytest.approx(1.0) and o.sampled_ms == pytest.approx(0.5)
+    assert o.floor == pytest.approx(1.5 / 8.0)
+    assert "25.0% of a training step" in str(o)
+
+
+def test_the_step_time_is_a_median_so_a_pause_between_steps_does_not_count():
+    cost = SelfCost()
+    _fill(cost, WARMUP + 30)
+    _fill(cost, 1, wall=5.0)  # an evaluation pass between two steps
+    o = cost.summary()
+    assert o is not None and o.step_ms == pytest.approx(8.0)
+
+
+def test_memory_is_a_fixed_window_of_recent_steps():
+    cost = SelfCost()
+    _fill(cost, WARMUP + 3 * WINDOW, own=0.004)
+    _fill(cost, WINDOW)  # the last window only
+    o = cost.summary()
+    assert o is not None and o.steps == WINDOW and o.own_ms == pytest.approx(2.0)
+    assert cost._rows.shape[0] == WINDOW
+
+
+@pytest.mark.parametrize("activations", [True, False])
+def test_the_budget_note_comes_once_where_the_per_step_checks_alone_exceed_it(activations):
+    cost = SelfCost(budget=0.02)
+    _fill(cost, WARMUP + CHECK_EVERY - 1)
+    assert cost.budget_note(activations) is None  # not judged before CHECK_EVERY steps
+    _fill(cost, 1)
+    note = cost.budget_note(activations)
+    assert note is not None
+    assert "overhead budget of 2.0% cannot be held" in note
+    assert "18.8% of this loop's step (1.50 ms of 8.0 ms)" in note
+    assert ("activations=False" in note) == activations
+    _fill(cost, CHECK_EVERY)
+    assert cost.budget_note(activations) is None  # said once
+
+
+def test_no_note_within_the_budget_or_without_one():
+    within = SelfCost(budget=0.5)
+    _fill(within, WARMUP + CHECK_EVERY)
+    assert within.budget_note(True) is None
+    unset = SelfCost()
+    _fill(unset, WARMUP + CHECK_EVERY, own=0.009)
+    assert unset.budget_note(True) is None
+
+
+def test_the_sampler_gives_the_full_statistics_what_the_per_step_checks_leave():
+    """Statistics costing 10% of a 10 ms step, under a 2% budget: every 5th step holds it
+    with the whole budget, every 20th where the per-step checks already take 1.9%."""
+    free = Sampler(10, 0.02)
+    free.next(0, True, spent=0.001, plain=0.010, floor=0.0)
+    assert free.interval == 10
+    tight = Sampler(10, 0.02)
+    tight.next(0, True, spent=0.001, plain=0.010, floor=0.019)
+    assert tight.interval == 20
+    fixed = Sampler(10, None)  # no budget: a fixed schedule whatever the cost
+    fixed.next(0, True, spent=1.0, plain=0.010, floor=0.5)
+    assert fixed.interval == 10
+
+
+def _train(model: nn.Module, steps: int, batch: int, width: int, **kw):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, width, generator=g)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with ndbg.watch(model, report=False, **kw) as run:
+            for _ in range(steps):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+    notes = [w for w in caught if "overhead budget" in str(w.message)]
+    return run, notes
+
+
+def _deep_and_tiny() -> nn.Module:
+    """80 layers of 8 units: the plain step is a few hundred microseconds, less than
+    the engine's per-step checks of 80 layers."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(40) for m in (nn.Linear(8, 8), nn.Tanh())])
+
+
+def test_a_budget_the_per_step_checks_cannot_hold_is_reported_with_the_numbers():
+    steps = WARMUP + 2 * CHECK_EVERY
+    run, notes = _train(_deep_and_tiny(), steps, batch=4, width=8, overhead=0.02)
+    assert len(notes) == 1, [str(w.message) for w in notes]
+    assert notes[0].category is RuntimeWarning
+    o = run.overhead
+    assert o is not None and o.floor > 0.02 and o.hooks_ms > 0
+    assert [n for n in run.notes if "overhead budget of 2.0% cannot be held" in n]
+    text = str(run)
+    assert "note: the overhead budget of 2.0% cannot be held" in text
+    assert "neuraldbg's own time:" in text
+    # the statistics got only what the checks left of the budget: sampled far less
+    # often than every 10th step
+    assert run.trace.scalar("sampled").sum() < steps / 10
+
+
+def test_a_budget_within_reach_is_quiet_and_the_cost_is_reported():
+    torch.manual_seed(0)
+    wide = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512))
+    run, notes = _train(wide, WARMUP + 2 * CHECK_EVERY, batch=512, width=512, overhead=0.5)
+    assert notes == []
+    o = run.overhead
+    assert o is not None and 0 < o.fraction < 0.5 and o.hooks_ms > 0
+    assert o.steps == 2 * CHECK_EVERY
+
+
+def test_gradients_only_spends_nothing_in_layer_hooks_and_reclassify_keeps_the_cost():
+    run, _ = _train(_deep_and_tiny(), WARMUP + CHECK_EVERY, batch=4, width=8,
+                    activations=False)
+    o = run.overhead
+    assert o is not None and o.hooks_ms == 0 and o.own_ms > 0
+    assert run.reclassify(jump=20.0).overhead == o
+    assert ndbg.Run(run.trace, run.thresholds, run.captures).overhead is None  # not measured
+
