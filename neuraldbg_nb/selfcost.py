@@ -62,10 +62,9 @@ class Overhead:
         return (self.own_ms - self.sampled_ms) / self.step_ms
 
     def __str__(self) -> str:
-        return (f"neuraldbg's own time: {self.fraction:.1%} of a training step "
-                f"({self.own_ms:.2f} ms of {self.step_ms:.1f} ms, mean over the last "
-                f"{self.steps} steps; layer hooks {self.hooks_ms:.2f} ms, full statistics "
-                f"{self.sampled_ms:.2f} ms)")
+        return (f"neuraldbg's own time: {self.own_ms:.2f} ms a step, +{self.fraction:.1%} "
+                f"on the loop's {self.step_ms:.1f} ms (last {self.steps} steps; layer hooks "
+                f"{self.hooks_ms:.2f} ms, full statistics {self.sampled_ms:.2f} ms)")
 
 
 class SelfCost:

@@ -37,7 +37,7 @@ def test_the_summary_leaves_out_the_warm_up_and_reads_the_recorded_numbers():
     assert o.fraction == pytest.approx(0.25)
     assert o.hooks_ms == pytest.approx(1.0) and o.sampled_ms == pytest.approx(0.5)
     assert o.floor == pytest.approx(1.5 / 8.0)
-    assert "25.0% of a training step" in str(o)
+    assert "2.00 ms a step, +25.0% on the loop's 8.0 ms (last 40 steps" in str(o)
 
 
 def test_the_step_time_is_a_median_so_a_pause_between_steps_does_not_count():
