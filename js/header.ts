@@ -1,4 +1,4 @@
-/** The header: status badge, step counter, loss sparkline with the last loss. */
+/** The header: status badge, step counter, what watching costs, loss sparkline with the last loss. */
 import { formatNumber } from "./format";
 import type { Snapshot, Status } from "./model";
 import { createSparkline } from "./sparkline";
@@ -24,6 +24,8 @@ export function createHeader(parent: HTMLElement): HeaderView {
   const badge = document.createElement("span");
   const step = document.createElement("span");
   step.className = "ndbg-step";
+  const cost = document.createElement("span");
+  cost.className = "ndbg-cost";
   const lossBox = document.createElement("span");
   lossBox.className = "ndbg-loss";
   const lossLabel = document.createElement("span");
@@ -34,7 +36,7 @@ export function createHeader(parent: HTMLElement): HeaderView {
   const lossValue = document.createElement("span");
   lossValue.className = "ndbg-loss-value";
   lossBox.appendChild(lossValue);
-  root.append(title, badge, step, lossBox);
+  root.append(title, badge, step, cost, lossBox);
   parent.appendChild(root);
 
   return {
@@ -44,6 +46,9 @@ export function createHeader(parent: HTMLElement): HeaderView {
       badge.className = `ndbg-status ndbg-status-${status}`;
       badge.textContent = STATUS_LABELS[status];
       step.textContent = `step ${snap.step}`;
+      cost.textContent = snap.cost;
+      cost.title = snap.costDetail;
+      cost.hidden = !snap.cost;
       const g = spark.update(snap.loss);
       const lastRaw = snap.loss.length ? snap.loss[snap.loss.length - 1]! : Number.NaN;
       lossValue.textContent = !snap.loss.length ? "\u2014" : Number.isNaN(lastRaw) ? "NaN" : formatNumber(lastRaw);

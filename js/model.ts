@@ -158,6 +158,10 @@ export interface PanelTraits {
   selected: Selection | null;
   inspector_html: string;
   message: string;
+  /** What watching costs, e.g. "watching +3.1%"; empty until measured. */
+  cost: string;
+  /** The sentence behind it (ms per step, the parts, a budget note), for the tooltip. */
+  cost_detail: string;
 }
 
 export type PanelModel = AnyModel<PanelTraits>;
@@ -180,6 +184,8 @@ export const TRAITS: readonly TraitName[] = [
   "selected",
   "inspector_html",
   "message",
+  "cost",
+  "cost_detail",
 ];
 
 /** Byte order of typed arrays on this machine (ImageData pixels, float32 views). */
@@ -226,6 +232,8 @@ export interface Snapshot {
   selected: Selection | null;
   inspectorHtml: string;
   message: string;
+  cost: string;
+  costDetail: string;
 }
 
 /** Used only until Python sends `thresholds` (same as neuraldbg_nb.Thresholds). */
@@ -262,5 +270,7 @@ export function snapshot(model: PanelModel): Snapshot {
     selected: model.get("selected") ?? null,
     inspectorHtml: model.get("inspector_html") ?? "",
     message: model.get("message") ?? "",
+    cost: model.get("cost") ?? "",
+    costDetail: model.get("cost_detail") ?? "",
   };
 }

@@ -53,7 +53,7 @@ class NeuralDbgMagics(Magics):
     @argument("--overhead", type=float, default=None, metavar="FRACTION",
               help="budget for watching as a fraction of the step time, e.g. 0.02: the "
                    "full statistics are sampled less often to hold it; the run says so "
-                   "where the per-step checks alone cost more (default: off)")
+                   "where its per-step work alone costs more (default: off)")
     @argument("--trace-mb", type=float, default=64,
               help="memory for the exact recent steps; older ones are compacted (default 64)")
     @argument("--no-activations", action="store_true",

@@ -74,6 +74,8 @@ class Panel(anywidget.AnyWidget):
     selected = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     inspector_html = traitlets.Unicode("").tag(sync=True)
     message = traitlets.Unicode("").tag(sync=True)
+    cost = traitlets.Unicode("").tag(sync=True)
+    cost_detail = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, run: Run, **kwargs: Any) -> None:
         super().__init__(**kwargs)

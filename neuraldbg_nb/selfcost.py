@@ -14,10 +14,10 @@ does), which makes them look dearer than they are. `benchmarks/overhead.py` time
 steps, watched against plain.
 
 With an overhead budget (`watch(..., overhead=0.02)`) the full statistics of sampled
-steps get what the per-step checks leave of it (`probe.Sampler`). Sampling cannot lower
-the per-step checks themselves (every layer's non-finite check, every gradient read):
-where they alone take more than the budget, `budget_note` says so once, with the numbers
-and what does lower them.
+steps get what the rest leaves of it (`probe.Sampler`). Sampling cannot lower the rest
+(every layer's non-finite check, one read of every gradient, detection, the trace):
+where it alone takes more than the budget, `budget_note` says so once, with the numbers
+and what does lower it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Overhead:
     step_ms: float
     """The loop's step without the engine's time (median)."""
     hooks_ms: float
-    """Of own_ms: the layer hooks' per-step checks (one reduction per layer call)."""
+    """Of own_ms: the layer hooks' non-finite check (one reduction per layer call)."""
     sampled_ms: float
     """Of own_ms: the full statistics of sampled steps, spread over every step."""
     steps: int
@@ -57,8 +57,8 @@ class Overhead:
 
     @property
     def floor(self) -> float:
-        """The per-step part as a fraction of the step: what sampling the full statistics
-        less often cannot lower."""
+        """All but the full statistics, as a fraction of the step: what sampling them less
+        often cannot lower."""
         return (self.own_ms - self.sampled_ms) / self.step_ms
 
     def __str__(self) -> str:
@@ -80,7 +80,7 @@ class SelfCost:
 
     def record(self, wall: float, own: float, hooks: float, sampled: float) -> None:
         """One step: its wall time, the engine's time in it, and of that the layer hooks'
-        per-step checks and the full statistics."""
+        non-finite checks and the full statistics."""
         self._seen += 1
         if self._seen <= WARMUP:
             return
@@ -102,15 +102,16 @@ class SelfCost:
                         sampled_ms=float(sampled.mean()) * 1e3, steps=n)
 
     def floor(self) -> float:
-        """The per-step checks' share of the step (0 until `CHECK_EVERY` steps are in)."""
+        """`Overhead.floor` of the recent steps (0 until `CHECK_EVERY` steps are in)."""
         if self.recorded < CHECK_EVERY:
             return 0.0
         o = self.summary()
         return o.floor if o is not None else 0.0
 
     def budget_note(self, activations: bool) -> str | None:
-        """Once, where the per-step checks alone take more than the budget: a note that
-        says by how much and what lowers them; None otherwise. Looked at every
+        """Once, where what the engine does whatever the sampling (`Overhead.floor`)
+        takes more than the budget: a note that says by how much and what lowers it; None
+        otherwise. Looked at every
         `CHECK_EVERY` steps, over the recent ones. `activations`: whether the layer hooks
         are on (the advice differs)."""
         if self.budget is None or self._noted or self.recorded < CHECK_EVERY \
@@ -121,16 +122,14 @@ class SelfCost:
             return None
         self._noted = True
         per_step = o.own_ms - o.sampled_ms
-        text = (f"the overhead budget of {self.budget:.1%} cannot be held: the per-step "
-                f"checks alone take {o.floor:.1%} of this loop's step ({per_step:.2f} ms of "
-                f"{o.step_ms:.1f} ms), and sampling the full statistics less often does not "
-                f"lower them.")
+        text = (f"the overhead budget of {self.budget:.1%} cannot be held: what neuraldbg "
+                f"does whatever the sampling takes {o.floor:.1%} of this loop's step "
+                f"({per_step:.2f} ms of {o.step_ms:.1f} ms): layer hooks (a non-finite "
+                f"check of every layer's output) {o.hooks_ms:.2f} ms, and reading every "
+                f"gradient and a slice of every weight, detection and the trace "
+                f"{per_step - o.hooks_ms:.2f} ms.")
         if activations and o.hooks_ms > 0:
-            text += (f" {o.hooks_ms:.2f} ms of it is the layer hooks (a non-finite check "
-                     f"of every layer's output); watch(..., activations=False) drops them "
-                     f"and still watches gradients, weights, the loss and the input.")
-        else:
-            text += (" What is left is one read of every gradient and of a slice of every "
-                     "weight, and the step's bookkeeping; their share is smaller where a "
-                     "step does more work (a larger batch).")
+            text += (" watch(..., activations=False) drops the layer hooks and still "
+                     "watches gradients, weights, the loss and the input.")
+        text += " The share is smaller where a step does more work (a larger batch)."
         return text

@@ -146,6 +146,16 @@ def thresholds(run: Run) -> dict[str, float]:
             "saturated": th.saturated}
 
 
+def cost(run: Run) -> tuple[str, str]:
+    """What watching costs, for the header: a short label and the sentence behind it (with
+    the budget note, where there is one); empty before it is measured."""
+    o = run.overhead
+    if o is None:
+        return "", ""
+    detail = " ".join([str(o) + "."] + [n for n in run.notes if "overhead budget" in n])
+    return f"watching +{o.fraction:.1%}", detail
+
+
 def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     """Every trait of the panel for `run`. `with_values` adds the per-cell numbers for the
     tooltip (sent when the run is not training, to keep live messages small)."""
@@ -153,6 +163,7 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     cols = map_shape(t.n_steps, t.n_layers)
     live = not with_values
     events, first = feed(run, LIVE_EVENTS if live else MAX_EVENTS)
+    label, detail = cost(run)
     state: dict[str, Any] = {
         "layers": t.layer_names,
         "status": run.status if run.status in ("training", "finished", "stopped") else "raised",
@@ -164,6 +175,8 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
         "markers": markers(run, LIVE_MARKERS if live else MAX_MARKERS),
         "events": events,
         "first_failure": first,
+        "cost": label,
+        "cost_detail": detail,
     }
     if with_values:
         edges = bucket_edges(t.n_steps, cols)

@@ -272,9 +272,9 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     sample_every: full activation statistics every N steps at most (non-finite values
         and abs-max are checked every step).
     overhead: a budget for watching, as a fraction of the step time (e.g. 0.02): the
-        full statistics are sampled less often to fit in what the per-step checks leave
-        of it; where those checks alone cost more, the run says so (a RuntimeWarning and
-        `run.notes`). Measured in time, so which steps are sampled can differ between two
+        full statistics are sampled less often to fit in what the per-step work (all
+        the rest) leaves of it; where that alone costs more, the run says so (a
+        RuntimeWarning and `run.notes`). Measured in time, so which steps are sampled can differ between two
         runs; None (the default) samples exactly every `sample_every` steps,
         reproducibly. Whatever the budget, `run.overhead` reports what watching cost.
     activations: False watches gradients, weights, the loss and the input only (the

@@ -352,6 +352,11 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> N
         expect(panel).to_have_attribute("data-status", "finished")
         expect(panel.locator(".ndbg-status")).to_have_text("finished")
         phase("training finished")
+        # what watching cost, measured by the run itself, in the header
+        cost = panel.locator(".ndbg-cost")
+        expect(cost).to_have_text(re.compile(r"^watching \+\d+\.\d%$"))
+        assert "ms a step" in (cost.get_attribute("title") or "")
+        report["cost"] = cost.inner_text()
 
         first = panel.locator(".ndbg-first-failure")
         expect(first).to_be_visible()

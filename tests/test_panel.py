@@ -71,6 +71,9 @@ def test_state_after_a_run_names_the_failure_on_the_map() -> None:
     assert np.isfinite(values[row, :col]).all()
     root = panel.first_failure["id"]
     assert any(e["symptom_of"] == root for e in panel.events)
+    # the header says what watching cost, measured while it trained
+    assert panel.cost.startswith("watching +") and panel.cost.endswith("%")
+    assert "ms a step" in panel.cost_detail
 
 
 def test_live_messages_stay_small_however_long_the_run() -> None:

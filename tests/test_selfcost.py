@@ -1,8 +1,8 @@
 """The engine's own time: measured per step, summarised, and held against a budget.
 
 The bookkeeping is tested on given numbers; the measurement on real trainings whose cost
-is far on one side of the budget (a deep stack of tiny layers, where the per-step checks
-take more than the whole plain step, and a wide shallow net, where they take a few
+is far on one side of the budget (a deep stack of tiny layers, where the per-step work
+takes more than the whole plain step, and a wide shallow net, where it takes a few
 percent), so that the machine's noise cannot move them across it.
 """
 
@@ -66,7 +66,8 @@ def test_the_budget_note_comes_once_where_the_per_step_checks_alone_exceed_it(ac
     note = cost.budget_note(activations)
     assert note is not None
     assert "overhead budget of 2.0% cannot be held" in note
-    assert "18.8% of this loop's step (1.50 ms of 8.0 ms)" in note
+    assert "18.8% of this loop's step (1.50 ms of 8.0 ms): layer hooks" in note
+    assert "1.00 ms, and reading every gradient" in note and "0.50 ms." in note
     assert ("activations=False" in note) == activations
     _fill(cost, CHECK_EVERY)
     assert cost.budget_note(activations) is None  # said once
@@ -83,7 +84,7 @@ def test_no_note_within_the_budget_or_without_one():
 
 def test_the_sampler_gives_the_full_statistics_what_the_per_step_checks_leave():
     """Statistics costing 10% of a 10 ms step, under a 2% budget: every 5th step holds it
-    with the whole budget, every 20th where the per-step checks already take 1.9%."""
+    with the whole budget, every 20th where the per-step work already takes 1.9%."""
     free = Sampler(10, 0.02)
     free.next(0, True, spent=0.001, plain=0.010, floor=0.0)
     assert free.interval == 10
@@ -112,7 +113,7 @@ def _train(model: nn.Module, steps: int, batch: int, width: int, **kw):
 
 def _deep_and_tiny() -> nn.Module:
     """80 layers of 8 units: the plain step is a few hundred microseconds, less than
-    the engine's per-step checks of 80 layers."""
+    the engine's per-step work for 80 layers."""
     torch.manual_seed(0)
     return nn.Sequential(*[m for _ in range(40) for m in (nn.Linear(8, 8), nn.Tanh())])
 

@@ -37,6 +37,8 @@ function traits(): PanelTraits {
     selected: null,
     inspector_html: "",
     message: "click an event to inspect it",
+    cost: "watching +3.1%",
+    cost_detail: "neuraldbg's own time: 1.02 ms a step, +3.1% on the loop's 33.0 ms (last 256 steps; layer hooks 0.30 ms, full statistics 0.10 ms).",
   };
 }
 
@@ -82,6 +84,9 @@ describe("render", () => {
     expect($(".ndbg-status").classList.contains("ndbg-status-stopped")).toBe(true);
     expect($(".ndbg-step").textContent).toBe("step 100");
     expect($(".ndbg-loss-value").textContent).toBe("1.7");
+    expect($(".ndbg-cost").textContent).toBe("watching +3.1%");
+    expect($(".ndbg-cost").title).toContain("1.02 ms a step");
+    expect($(".ndbg-cost").hidden).toBe(false);
     expect(el.querySelectorAll(".ndbg-sparkline-nan")).toHaveLength(1);
     expect($(".ndbg-message").textContent).toBe("click an event to inspect it");
     expect(el.querySelectorAll(".ndbg-map-label")).toHaveLength(4);
@@ -331,8 +336,10 @@ describe("render", () => {
     mount({
       layers: [], step: 0, status: "training", loss: null, map: null, map_cols: 0, map_steps: [0, 0],
       map_values: null, map_act: null, markers: [], first_failure: null, events: [], message: "",
+      cost: "", cost_detail: "",
     });
     expect($(".ndbg-feed-empty").textContent).toBe("no events yet");
+    expect($(".ndbg-cost").hidden).toBe(true); // not measured yet
     expect($(".ndbg-loss-value").textContent).toBe("\u2014");
     expect($(".ndbg-map").classList.contains("ndbg-map-is-empty")).toBe(true);
   });
