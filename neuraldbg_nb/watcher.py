@@ -145,7 +145,10 @@ class Watch:
         note = run.cost.budget_note(self._activations) if run.cost is not None else None
         if note is not None:
             run.notes.append(note)
-            warnings.warn(f"neuraldbg: {note}", RuntimeWarning, stacklevel=2)
+            try:
+                warnings.warn(f"neuraldbg: {note}", RuntimeWarning, stacklevel=2)
+            except RuntimeWarning:
+                pass  # warnings are errors here: a note must not stop the training
         run._notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
             raise TrainingFailure(run)

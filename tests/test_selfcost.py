@@ -152,3 +152,20 @@ def test_gradients_only_spends_nothing_in_layer_hooks_and_reclassify_keeps_the_c
     assert run.reclassify(jump=20.0).overhead == o
     assert ndbg.Run(run.trace, run.thresholds, run.captures).overhead is None  # not measured
 
+
+
+def test_the_budget_note_does_not_stop_a_training_where_warnings_are_errors():
+    torch.manual_seed(0)
+    model = _deep_and_tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    steps = WARMUP + 2 * CHECK_EVERY
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ndbg.watch(model, report=False, overhead=0.02) as run:
+            for _ in range(steps):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+    assert run.trace.n_steps == steps and run.status == "finished"
+    assert [n for n in run.notes if "overhead budget" in n]
