@@ -76,7 +76,8 @@ class SelfCost:
         self.recorded = 0
         self._seen = 0
         self._rows = np.zeros((WINDOW, 4))  # wall, own, hooks, sampled (seconds)
-        self._noted = False
+        self.note: str | None = None
+        """The budget note, once given (`budget_note`)."""
 
     def record(self, wall: float, own: float, hooks: float, sampled: float) -> None:
         """One step: its wall time, the engine's time in it, and of that the layer hooks'
@@ -114,13 +115,12 @@ class SelfCost:
         otherwise. Looked at every
         `CHECK_EVERY` steps, over the recent ones. `activations`: whether the layer hooks
         are on (the advice differs)."""
-        if self.budget is None or self._noted or self.recorded < CHECK_EVERY \
+        if self.budget is None or self.note is not None or self.recorded < CHECK_EVERY \
                 or self.recorded % CHECK_EVERY:
             return None
         o = self.summary()
         if o is None or o.floor <= self.budget:
             return None
-        self._noted = True
         per_step = o.own_ms - o.sampled_ms
         text = (f"the overhead budget of {self.budget:.1%} cannot be held: what neuraldbg "
                 f"does whatever the sampling takes {o.floor:.1%} of this loop's step "
@@ -132,4 +132,5 @@ class SelfCost:
             text += (" watch(..., activations=False) drops the layer hooks and still "
                      "watches gradients, weights, the loss and the input.")
         text += " The share is smaller where a step does more work (a larger batch)."
+        self.note = text
         return text

@@ -150,9 +150,9 @@ def cost(run: Run) -> tuple[str, str]:
     """What watching costs, for the header: a short label and the sentence behind it (with
     the budget note, where there is one); empty before it is measured."""
     o = run.overhead
-    if o is None:
+    if o is None or run.cost is None:
         return "", ""
-    detail = " ".join([str(o) + "."] + [n for n in run.notes if "overhead budget" in n])
+    detail = f"{o}." + (f" {run.cost.note}" if run.cost.note else "")
     return f"watching +{o.fraction:.1%}", detail
 
 

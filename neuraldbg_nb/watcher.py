@@ -78,12 +78,12 @@ class Watch:
         self.report = report
         trace = Trace(max_tail_bytes=self.trace_bytes)
         self.run = Run(trace, th, CaptureStore(int(capture_mb * 2**20)), Detection(th))
-        self.run.cost = SelfCost(overhead)
+        self._cost = self.run.cost = SelfCost(overhead)
         self._activations = activations
         self._probe = Probe(trace, _roots(model), sample_every=sample_every,
                             hold_refs=capture_mb > 0 and activations,
                             activations=activations, overhead=overhead,
-                            hold_jump=th.wake_jump, cost=self.run.cost,
+                            hold_jump=th.wake_jump, cost=self._cost,
                             on_step=self._on_step)
         self._active = False
         self._schedule = ScanSchedule(th)
@@ -142,7 +142,7 @@ class Watch:
         self._seen = len(run.detection.emitted)
         self._capture(record, new)
         self._bound_trace()
-        note = run.cost.budget_note(self._activations) if run.cost is not None else None
+        note = self._cost.budget_note(self._activations)
         if note is not None:
             run.notes.append(note)
             try:
@@ -277,9 +277,10 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     overhead: a budget for watching, as a fraction of the step time (e.g. 0.02): the
         full statistics are sampled less often to fit in what the per-step work (all
         the rest) leaves of it; where that alone costs more, the run says so (a
-        RuntimeWarning and `run.notes`). Measured in time, so which steps are sampled can differ between two
-        runs; None (the default) samples exactly every `sample_every` steps,
-        reproducibly. Whatever the budget, `run.overhead` reports what watching cost.
+        RuntimeWarning and `run.notes`). Measured in time, so which steps are sampled
+        can differ between two runs; None (the default) samples exactly every
+        `sample_every` steps, reproducibly. Whatever the budget, `run.overhead` reports
+        what watching cost.
     activations: False watches gradients, weights, the loss and the input only (the
         cheapest mode: no forward hooks do any work).
     trace_mb: memory for the exact recent steps of the trace; older steps are compacted

@@ -74,6 +74,7 @@ def test_state_after_a_run_names_the_failure_on_the_map() -> None:
     # the header says what watching cost, measured while it trained
     assert panel.cost.startswith("watching +") and panel.cost.endswith("%")
     assert "ms a step" in panel.cost_detail
+    assert "overhead budget" not in panel.cost_detail  # no budget, no note
 
 
 def test_live_messages_stay_small_however_long_the_run() -> None:

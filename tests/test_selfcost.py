@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as ndbg
+from neuraldbg_nb import serialize
 from neuraldbg_nb.probe import Sampler
 from neuraldbg_nb.selfcost import CHECK_EVERY, WARMUP, WINDOW, SelfCost
 
@@ -126,6 +127,8 @@ def test_a_budget_the_per_step_checks_cannot_hold_is_reported_with_the_numbers()
     o = run.overhead
     assert o is not None and o.floor > 0.02 and o.hooks_ms > 0
     assert [n for n in run.notes if "overhead budget of 2.0% cannot be held" in n]
+    label, detail = serialize.cost(run)  # the panel's header
+    assert label.startswith("watching +") and "cannot be held" in detail
     text = str(run)
     assert "note: the overhead budget of 2.0% cannot be held" in text
     assert "neuraldbg's own time:" in text
