@@ -112,9 +112,8 @@ class SelfCost:
     def budget_note(self, activations: bool) -> str | None:
         """Once, where what the engine does whatever the sampling (`Overhead.floor`)
         takes more than the budget: a note that says by how much and what lowers it; None
-        otherwise. Looked at every
-        `CHECK_EVERY` steps, over the recent ones. `activations`: whether the layer hooks
-        are on (the advice differs)."""
+        otherwise. Looked at every `CHECK_EVERY` steps, over the recent ones.
+        `activations`: whether the layer hooks are on (the advice differs)."""
         if self.budget is None or self.note is not None or self.recorded < CHECK_EVERY \
                 or self.recorded % CHECK_EVERY:
             return None
@@ -126,7 +125,7 @@ class SelfCost:
                 f"does whatever the sampling takes {o.floor:.1%} of this loop's step "
                 f"({per_step:.2f} ms of {o.step_ms:.1f} ms): layer hooks (a non-finite "
                 f"check of every layer's output) {o.hooks_ms:.2f} ms, and reading every "
-                f"gradient and a slice of every weight, detection and the trace "
+                f"gradient and a slice of every weight, detection, captures and the trace "
                 f"{per_step - o.hooks_ms:.2f} ms.")
         if activations and o.hooks_ms > 0:
             text += (" watch(..., activations=False) drops the layer hooks and still "
