@@ -1,7 +1,9 @@
 """`neuraldbg`: the same engine for scripts and saved runs.
 
     neuraldbg demo [NAME]            train a built-in broken example under the debugger
-    neuraldbg run script.py [args]   run a training script under watch(), save the run
+    neuraldbg run [--save RUN.npz] script.py [args]
+                                     run a training script under watch(), save the run
+                                     (options after the script are the script's own)
     neuraldbg show RUN.npz           the story of a saved run
     neuraldbg show RUN.npz --vanish 1e-7 ...   the same run under other thresholds
 """
@@ -42,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--save", type=Path, default=None, help="save the run (.npz)")
     p_run = sub.add_parser("run", help="run a training script under the debugger")
     p_run.add_argument("script", type=Path)
-    p_run.add_argument("script_args", nargs=argparse.REMAINDER)
+    p_run.add_argument("script_args", nargs=argparse.REMAINDER,
+                       help="the script's own arguments (neuraldbg's options go before the "
+                            "script)")
     p_run.add_argument("--save", type=Path, default=Path("neuraldbg-run.npz"))
     p_run.add_argument("--stop-on", choices=("error", "never"), default="never")
     _thresholds_args(p_run)

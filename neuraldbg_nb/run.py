@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,7 @@ class Run:
         self._probe: Any = None
         self.cost: SelfCost | None = None
         """The engine's own time per step, measured while training (None when loaded)."""
+        self._saved_cost: Overhead | None = None  # a loaded run's, as it was saved
         self._listeners: list[Callable[[Run, list[Event]], None]] = []
         self._baselines = BaselineCache()
         """What re-classifying this trace computes once (the trailing baselines), shared
@@ -95,8 +96,8 @@ class Run:
     def overhead(self) -> Overhead | None:
         """What watching cost over the recent steps, measured as it trained: the engine's
         time per step and its share of the loop's step (an estimate from inside: see
-        `selfcost`). None for a loaded run or before a few steps."""
-        return self.cost.summary() if self.cost is not None else None
+        `selfcost`). A loaded run gives what it was when saved; None before a few steps."""
+        return self.cost.summary() if self.cost is not None else self._saved_cost
 
     @property
     def status_text(self) -> str:
@@ -120,7 +121,7 @@ class Run:
         other._baselines = self._baselines
         other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
-        other.cost = self.cost
+        other.cost, other._saved_cost = self.cost, self._saved_cost
         other.selected = self.selected
         return other
 
@@ -199,14 +200,19 @@ class Run:
         return self.trace.to_dataframe()
 
     def save(self, path: str | Path) -> Path:
-        """Save the trace and settings (not the captured tensors) to a .npz file; reload
-        with `neuraldbg_nb.load(path)` and re-classify freely."""
+        """Save the trace, the events and the settings (not the captured tensors) to a
+        .npz file and a .json beside it; reload with `neuraldbg_nb.load(path)` and
+        re-classify freely. The events are saved because the trace alone cannot give them
+        back where a long run's older steps were compacted (`trace.full_from > 0`): those
+        were found on exact numbers that are no longer kept."""
         path = Path(path)
         if path.suffix != ".npz":
             path = path.with_suffix(".npz")
         self.trace.save(path)
+        cost = self.overhead
         meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
-                "notes": self.notes}
+                "notes": self.notes, "events": [e.to_dict() for e in self.events],
+                "overhead": asdict(cost) if cost is not None else None}
         path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
         return path
 
@@ -219,12 +225,20 @@ class Run:
 
 
 def load(path: str | Path) -> Run:
-    """A run saved with `Run.save`, ready to re-classify or show."""
+    """A run saved with `Run.save`, ready to re-classify or show: its events as they were
+    found while it trained. (A file saved without them, by an older version, is judged
+    again from its exact steps.)"""
     path = Path(path)
     trace = Trace.load(path.with_suffix(".npz"))
     meta_path = path.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    run = Run(trace, Thresholds(**meta.get("thresholds", {})), CaptureStore(0))
+    th = Thresholds(**meta.get("thresholds", {}))
+    saved = meta.get("events")
+    detection = None if saved is None else Detection(
+        th, trace.n_steps, [Event(**e) for e in saved])
+    run = Run(trace, th, CaptureStore(0), detection)
     run.status = meta.get("status", "finished")
     run.notes = list(meta.get("notes", []))
+    if meta.get("overhead"):
+        run._saved_cost = Overhead(**meta["overhead"])
     return run
