@@ -502,7 +502,10 @@ class Probe:
                 lr_pos = sc.add(lr.detach())
             else:
                 lr_host = float(lr)
+        device, t_x = sc.on_device, _clock()
         v = sc.to_host()  # the step's one device-to-host transfer
+        if device:  # it waited for the device work queued before it, mostly the training's:
+            self._other_s -= _clock() - t_x  # not the engine's time (see `selfcost`)
 
         step = self.trace.n_steps
         n = self.trace.n_layers

@@ -11,7 +11,10 @@ It is an estimate from inside, not the benchmark: PyTorch's own cost of calling 
 (a few microseconds per hooked layer call) is not in it, and the engine's reads bring
 data into the caches that the training reads next (the gradients, before the optimizer
 does), which makes them look dearer than they are. `benchmarks/overhead.py` times whole
-steps, watched against plain.
+steps, watched against plain. On an accelerator it is the host's time: the step's one
+transfer waits for the device work queued before it, mostly the training's own, and that
+wait is left out, as are the engine's kernels, which run asynchronously among the
+training's.
 
 With an overhead budget (`watch(..., overhead=0.02)`) the full statistics of sampled
 steps get what the rest leaves of it (`probe.Sampler`). Sampling cannot lower the rest

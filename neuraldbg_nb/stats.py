@@ -60,6 +60,11 @@ class Scalars:
     def __len__(self) -> int:
         return self._n
 
+    @property
+    def on_device(self) -> bool:
+        """Whether `to_host` will wait for an accelerator (a value is not `on_host`)."""
+        return any(not on_host(c) for _, c in self._chunks)
+
     def to_host(self) -> np.ndarray:
         """All values as float64, in the order added; one device-to-host copy per device."""
         chunks = [c for _, c in self._chunks]

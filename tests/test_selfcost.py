@@ -8,6 +8,7 @@ percent), so that the machine's noise cannot move them across it.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as ndbg
-from neuraldbg_nb import serialize
+from neuraldbg_nb import serialize, stats
 from neuraldbg_nb.probe import Sampler
 from neuraldbg_nb.selfcost import CHECK_EVERY, WARMUP, WINDOW, SelfCost
 
@@ -172,3 +173,27 @@ def test_the_budget_note_does_not_stop_a_training_where_warnings_are_errors():
                 opt.step()
     assert run.trace.n_steps == steps and run.status == "finished"
     assert [n for n in run.notes if "overhead budget" in n]
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_the_wait_for_an_accelerator_in_the_steps_transfer_is_not_the_engines(
+        device, monkeypatch):
+    """On an accelerator, the step's one transfer waits for the device work queued before
+    it, mostly the training's own; that wait must not be reported as watching's cost. The
+    CPU stands in for a device (`HOST_DEVICES` emptied, the code path an accelerator
+    takes), and the wait is made long (30 ms) so that it shows whichever way it goes."""
+    if device:
+        monkeypatch.setattr(stats, "HOST_DEVICES", frozenset())
+    to_host = stats.Scalars.to_host
+
+    def waiting(self):
+        time.sleep(0.03)
+        return to_host(self)
+
+    monkeypatch.setattr(stats.Scalars, "to_host", waiting)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    run, _ = _train(model, WARMUP + 16, batch=4, width=8)
+    o = run.overhead
+    assert o is not None
+    assert (o.own_ms > 30) == (not device), o
