@@ -62,6 +62,8 @@ class Run:
         self.cost: SelfCost | None = None
         """The engine's own time per step, measured while training (None when loaded)."""
         self._saved_cost: Overhead | None = None  # a loaded run's, as it was saved
+        self.loaded_from: Path | None = None
+        """The file a loaded run came from (`load`); None for a live run."""
         self._listeners: list[Callable[[Run, list[Event]], None]] = []
         self._baselines = BaselineCache()
         """What re-classifying this trace computes once (the trailing baselines), shared
@@ -122,6 +124,7 @@ class Run:
         other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
         other.cost, other._saved_cost = self.cost, self._saved_cost
+        other.loaded_from = self.loaded_from
         other.selected = self.selected
         return other
 
@@ -157,6 +160,11 @@ class Run:
             batch = self.captures.find(found.step, None)
             if batch is not None and batch.step == found.step and "batch" in batch.tensors:
                 found = replace(found, tensors={**found.tensors, "batch": batch["batch"]})
+        if found is None and self.loaded_from is not None:
+            raise LookupError(
+                f"this run was loaded from {self.loaded_from}, and captured tensors are not "
+                f"saved with a run (the trace and the events are): inspect the live run, "
+                f"e.g. neuraldbg_nb.last_run() in the session that trained it")
         if found is None:
             budget = self.captures.budget // 2**20
             raise LookupError(
@@ -241,4 +249,5 @@ def load(path: str | Path) -> Run:
     run.notes = list(meta.get("notes", []))
     if meta.get("overhead"):
         run._saved_cost = Overhead(**meta["overhead"])
+    run.loaded_from = path.with_suffix(".npz")
     return run

@@ -150,9 +150,10 @@ def cost(run: Run) -> tuple[str, str]:
     """What watching costs, for the header: a short label and the sentence behind it (with
     the budget note, where there is one); empty before it is measured."""
     o = run.overhead
-    if o is None or run.cost is None:
+    if o is None:
         return "", ""
-    detail = f"{o}." + (f" {run.cost.note}" if run.cost.note else "")
+    note = run.cost.note if run.cost is not None else None  # a loaded run's is in its notes
+    detail = f"{o}." + (f" {note}" if note else "")
     return f"watching +{o.fraction:.1%}", detail
 
 

@@ -58,6 +58,14 @@ def test_a_compacted_run_saved_and_loaded_keeps_its_events_and_first_failure(tmp
     assert _key(loaded.first_failure) == _key(first)
     assert loaded.overhead == run.overhead and loaded.overhead is not None
     assert str(loaded) == str(run)
+    assert run.inspect(first)["output"] is not None
+    with pytest.raises(LookupError, match="captured tensors are not saved with a run"):
+        loaded.inspect(first)
+    # the panel of a loaded run: its first failure and what watching cost
+    from neuraldbg_nb.panel import Panel
+    panel = Panel(loaded)
+    assert panel.first_failure["step"] == FAULT_STEP
+    assert panel.cost == f"watching +{run.overhead.fraction:.1%}"
     # re-classified, the compacted steps keep their events, as for the live run
     assert [_key(e) for e in loaded.reclassify(jump=20.0).events] == \
         [_key(e) for e in run.reclassify(jump=20.0).events]
