@@ -53,6 +53,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import neuraldbg_nb
+from neuraldbg_nb import selfcost
 
 # -- models --------------------------------------------------------------------------
 
@@ -314,6 +315,14 @@ def run_block(b: Bench, c: Config, steps: int, clock: Callable[[], float]) -> fl
     return (t1 - t0) / steps
 
 
+def _held(run: neuraldbg_nb.Run | None) -> str:
+    """Whether a run with a budget held it, as the run judged it (`SelfCost.budget_note`)."""
+    cost = run.cost if run is not None else None
+    if cost is None or cost.recorded < selfcost.CHECK_EVERY:
+        return "not judged (too few steps)"
+    return "no (the run said so)" if cost.note else "yes"
+
+
 def _quartiles(xs: list[float]) -> str:
     """The middle half of a configuration's per-round ratios, as "low-high"."""
     if len(xs) < 2:
@@ -397,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
 
     torch.set_num_threads(args.threads)
+    # the budget's note is expected where the per-step work exceeds it: a row below says
+    # which runs gave it, instead of a warning in the middle of the progress lines
+    warnings.filterwarnings("ignore", message="neuraldbg: the overhead budget")
     md = args.markdown
     print_header("benchmarks/overhead.py", argv)
     print(f"{rounds} rounds; per round and config a quad of {steps}-step blocks (plain, config, "
@@ -453,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             o = c.runs[k].overhead if k in c.runs else None
             cells.append(f"{1 + o.fraction:.2f}" if o is not None else "n/a")
         own.append([c.label] + cells)
+        if c.watch_kwargs.get("overhead"):
+            own.append([f"{c.label}: budget held?"] + [_held(c.runs.get(k)) for k in keys])
     print(fmt_table(["self-reported: 1 + run.overhead.fraction"] + header[1:], own, md))
     print()
 
