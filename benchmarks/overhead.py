@@ -492,8 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         if c.watch_kwargs is not None:
             notes.append(f"{c.label}: {call_text(c.watch_kwargs)}")
     notes.append("Self-reported: the engine's own time per step, measured by the run as it "
-                 "trained (the mean over its last 256 steps), over the loop's median step "
-                 "without it; it leaves out PyTorch's cost of calling the hooks.")
+                 "trained (the mean over its last 256 steps, reference-capture steps left "
+                 "out), over the loop's median step without it; it leaves out PyTorch's "
+                 "cost of calling the hooks.")
     notes.append(f"Ratios: per round, a quad of {steps}-step blocks (plain, config, config, "
                  "plain); the config's time over the plain time of the same quad; the "
                  f"median over {rounds} rounds. Quartiles: of the same {rounds} ratios.")

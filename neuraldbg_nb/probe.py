@@ -546,7 +546,7 @@ class Probe:
             self._on_step(record)
         finally:
             refs.clear()
-            self._end_interval(t_enter)
+            self._end_interval(step, t_enter)
 
     def _next_sampled(self, step: int, t_enter: float) -> bool:
         """Whether the next step gets the full statistics (`Sampler`), told what this
@@ -559,12 +559,12 @@ class Probe:
         return self.sampler.next(step, self._sampled, spent, now - self._interval_start - own,
                                  floor)
 
-    def _end_interval(self, t_enter: float) -> None:
+    def _end_interval(self, step: int, t_enter: float) -> None:
         """The step boundary's end: the step's time and the engine's part of it go to
         `cost`, and the next step starts."""
         now = _clock()
         own = self._hook_s + self._rich_s + self._other_s + (now - t_enter)
-        self.cost.record(now - self._interval_start, own, self._hook_s, self._rich_s)
+        self.cost.record(step, now - self._interval_start, own, self._hook_s, self._rich_s)
         self._interval_start = now
         self._hook_s = self._rich_s = self._other_s = 0.0
 

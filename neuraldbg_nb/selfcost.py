@@ -29,10 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .capture import is_reference_step
+
 WINDOW = 256
 """Recent steps summarised (a ring: memory stays fixed however long the run)."""
 WARMUP = 8
-"""First steps left out: layers are found and the first reference captures taken then."""
+"""First steps left out: layers are found and the first reference captures taken then.
+Later reference steps (16, 32, 64, ...: each copies every layer's tensors, ever more
+rarely) are left out too: over a run of thousands of steps they weigh nothing, but in
+the first hundred they would make a budget look unholdable that is held."""
 CHECK_EVERY = 32
 """Steps recorded between two looks at the budget (and before the first)."""
 
@@ -41,9 +46,10 @@ CHECK_EVERY = 32
 class Overhead:
     """The debugger's cost per step over the recent steps (up to `WINDOW`).
 
-    Times are means over the steps (periodic detection scans and captures included: the
-    user pays them too), except `step_ms`, a median, so that an evaluation pass or a
-    pause between two steps does not count as the loop's step."""
+    Times are means over the steps (detection scans and event captures included: the
+    user pays them too; the warm-up's reference captures are not, see `WARMUP`), except
+    `step_ms`, a median, so that an evaluation pass or a pause between two steps does not
+    count as the loop's step."""
 
     fraction: float
     """own_ms / step_ms: how much longer a step takes watched than plain."""
@@ -77,16 +83,16 @@ class SelfCost:
         """`budget`: the watch's `overhead`, or None (no budget to hold)."""
         self.budget = budget
         self.recorded = 0
-        self._seen = 0
         self._rows = np.zeros((WINDOW, 4))  # wall, own, hooks, sampled (seconds)
         self.note: str | None = None
         """The budget note, once given (`budget_note`)."""
 
-    def record(self, wall: float, own: float, hooks: float, sampled: float) -> None:
+    def record(self, step: int, wall: float, own: float, hooks: float,
+               sampled: float) -> None:
         """One step: its wall time, the engine's time in it, and of that the layer hooks'
-        non-finite checks and the full statistics."""
-        self._seen += 1
-        if self._seen <= WARMUP:
+        non-finite checks and the full statistics (warm-up and reference steps are left
+        out: `WARMUP`)."""
+        if step < WARMUP or is_reference_step(step):
             return
         self._rows[self.recorded % WINDOW] = (wall, own, hooks, sampled)
         self.recorded += 1

@@ -17,70 +17,85 @@ from torch import nn
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb import serialize, stats
+from neuraldbg_nb.capture import is_reference_step
 from neuraldbg_nb.probe import Sampler
 from neuraldbg_nb.selfcost import CHECK_EVERY, WARMUP, WINDOW, SelfCost
 
 
-def _fill(cost: SelfCost, n: int, wall: float = 0.010, own: float = 0.002,
-          hooks: float = 0.001, sampled: float = 0.0005) -> None:
-    for _ in range(n):
-        cost.record(wall, own, hooks, sampled)
+class _Feed:
+    """Steps recorded into a SelfCost in order, as the probe records them."""
+
+    def __init__(self, cost: SelfCost) -> None:
+        self.cost, self.step = cost, 0
+
+    def __call__(self, n: int, wall: float = 0.010, own: float = 0.002,
+                 hooks: float = 0.001, sampled: float = 0.0005) -> None:
+        """Record steps until `n` more are summarised (warm-up and reference steps,
+        which are left out, pass by on the way)."""
+        target = self.cost.recorded + n
+        while self.cost.recorded < target:
+            self.cost.record(self.step, wall, own, hooks, sampled)
+            self.step += 1
 
 
-def test_the_summary_leaves_out_the_warm_up_and_reads_the_recorded_numbers():
+def test_the_summary_leaves_out_warm_up_and_reference_steps():
     cost = SelfCost()
-    _fill(cost, WARMUP, wall=1.0, own=0.9)  # layer discovery, first captures: left out
-    assert cost.summary() is None
-    _fill(cost, 40)
+    for step in range(50):  # layer discovery and reference captures cost far more
+        rare = step < WARMUP or is_reference_step(step)
+        cost.record(step, 0.010, 0.9 if rare else 0.002, 0.001, 0.0005)
     o = cost.summary()
-    assert o is not None and o.steps == 40
+    assert o is not None and o.steps == 50 - WARMUP - 3  # 8, 16 and 32 are references
     assert o.own_ms == pytest.approx(2.0)
     assert o.step_ms == pytest.approx(8.0)  # the loop's step without the engine
     assert o.fraction == pytest.approx(0.25)
     assert o.hooks_ms == pytest.approx(1.0) and o.sampled_ms == pytest.approx(0.5)
     assert o.floor == pytest.approx(1.5 / 8.0)
-    assert "2.00 ms a step, +25.0% on the loop's 8.0 ms (last 40 steps" in str(o)
+    assert "2.00 ms a step, +25.0% on the loop's 8.0 ms (last 39 steps" in str(o)
+    assert SelfCost().summary() is None
 
 
 def test_the_step_time_is_a_median_so_a_pause_between_steps_does_not_count():
     cost = SelfCost()
-    _fill(cost, WARMUP + 30)
-    _fill(cost, 1, wall=5.0)  # an evaluation pass between two steps
+    feed = _Feed(cost)
+    feed(30)
+    feed(1, wall=5.0)  # an evaluation pass between two steps
     o = cost.summary()
     assert o is not None and o.step_ms == pytest.approx(8.0)
 
 
 def test_memory_is_a_fixed_window_of_recent_steps():
     cost = SelfCost()
-    _fill(cost, WARMUP + 3 * WINDOW, own=0.004)
-    _fill(cost, WINDOW)  # the last window only
+    feed = _Feed(cost)
+    feed(3 * WINDOW, own=0.004)
+    feed(WINDOW)  # the last window only
     o = cost.summary()
     assert o is not None and o.steps == WINDOW and o.own_ms == pytest.approx(2.0)
     assert cost._rows.shape[0] == WINDOW
 
 
 @pytest.mark.parametrize("activations", [True, False])
-def test_the_budget_note_comes_once_where_the_per_step_checks_alone_exceed_it(activations):
+def test_the_budget_note_comes_once_where_the_per_step_work_alone_exceeds_it(activations):
     cost = SelfCost(budget=0.02)
-    _fill(cost, WARMUP + CHECK_EVERY - 1)
+    feed = _Feed(cost)
+    feed(CHECK_EVERY - 1)
     assert cost.budget_note(activations) is None  # not judged before CHECK_EVERY steps
-    _fill(cost, 1)
+    feed(1)
     note = cost.budget_note(activations)
-    assert note is not None
+    assert note is not None and cost.note == note
     assert "overhead budget of 2.0% cannot be held" in note
     assert "18.8% of this loop's step (1.50 ms of 8.0 ms): layer hooks" in note
     assert "1.00 ms, and reading every gradient" in note and "0.50 ms." in note
     assert ("activations=False" in note) == activations
-    _fill(cost, CHECK_EVERY)
+    feed(CHECK_EVERY)
     assert cost.budget_note(activations) is None  # said once
 
 
 def test_no_note_within_the_budget_or_without_one():
     within = SelfCost(budget=0.5)
-    _fill(within, WARMUP + CHECK_EVERY)
+    _Feed(within)(CHECK_EVERY)
     assert within.budget_note(True) is None
     unset = SelfCost()
-    _fill(unset, WARMUP + CHECK_EVERY, own=0.009)
+    _Feed(unset)(CHECK_EVERY, own=0.009)
     assert unset.budget_note(True) is None
 
 
@@ -145,7 +160,7 @@ def test_a_budget_within_reach_is_quiet_and_the_cost_is_reported():
     assert notes == []
     o = run.overhead
     assert o is not None and 0 < o.fraction < 0.5 and o.hooks_ms > 0
-    assert o.steps == 2 * CHECK_EVERY
+    assert o.steps == sum(not is_reference_step(s) for s in range(WARMUP, WARMUP + 2 * CHECK_EVERY))
 
 
 def test_gradients_only_spends_nothing_in_layer_hooks_and_reclassify_keeps_the_cost():
