@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from models import mlp, module, train
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -27,20 +28,15 @@ FAULT_LAYER = "2"
 def _compacted_run() -> ndbg.Run:
     """600 steps with a 1000x weight fault at step 100, in a trace small enough that the
     fault's steps are compacted long before the end."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                          nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 16, generator=g), torch.randint(0, 4, (64,), generator=g)
-    with ndbg.watch(model, report=False, trace_mb=0.02) as run:
-        for step in range(600):
-            if step == FAULT_STEP:
-                with torch.no_grad():
-                    model[2].weight.mul_(1000)
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+    setup = mlp()
+
+    def fault(step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if step == FAULT_STEP:
+            with torch.no_grad():
+                module(model, setup.layers["mid"]).weight.mul_(1000)
+
+    with ndbg.watch(setup.model, report=False, trace_mb=0.02) as run:
+        train(setup, 600, on_step_start=fault)
     return run
 
 
