@@ -4,6 +4,7 @@ of it. It reads; it never hooks or trains."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -221,7 +222,8 @@ class Run:
         meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
                 "notes": self.notes, "events": [e.to_dict() for e in self.events],
                 "overhead": asdict(cost) if cost is not None else None}
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+        path.with_suffix(".json").write_text(json.dumps(_strict(meta), indent=1,
+                                                        allow_nan=False))
         return path
 
     def __str__(self) -> str:
@@ -240,14 +242,31 @@ def load(path: str | Path) -> Run:
     trace = Trace.load(path.with_suffix(".npz"))
     meta_path = path.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    th = Thresholds(**meta.get("thresholds", {}))
+    th = Thresholds(**_numbers(meta.get("thresholds", {}), Thresholds().as_dict()))
     saved = meta.get("events")
     detection = None if saved is None else Detection(
-        th, trace.n_steps, [Event(**e) for e in saved])
+        th, trace.n_steps, [Event(**_numbers(e, ("value", "previous"))) for e in saved])
     run = Run(trace, th, CaptureStore(0), detection)
     run.status = meta.get("status", "finished")
     run.notes = list(meta.get("notes", []))
     if meta.get("overhead"):
-        run._saved_cost = Overhead(**meta["overhead"])
+        run._saved_cost = Overhead(**meta["overhead"])  # finite numbers only
     run.loaded_from = path.with_suffix(".npz")
     return run
+
+
+def _strict(x: Any) -> Any:
+    """`x` with its non-finite floats as the strings "nan", "inf" and "-inf": strict JSON
+    has no NaN, and a saved run is read by other tools too (`_numbers` reads them back)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_strict(v) for v in x]
+    return x
+
+
+def _numbers(d: dict[str, Any], keys: Any) -> dict[str, Any]:
+    """`d` with the values of `keys` that `_strict` wrote as strings made floats again."""
+    return {k: float(v) if k in keys and isinstance(v, str) else v for k, v in d.items()}

@@ -8,6 +8,7 @@ command line must run a real training script and name the fault injected into it
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ from models import mlp, module, train
 from torch import nn
 
 import neuraldbg_nb as ndbg
-from neuraldbg_nb import cli
+from neuraldbg_nb import cli, demo
 
 FAULT_STEP = 100
 FAULT_LAYER = "2"
@@ -41,7 +42,12 @@ def _compacted_run() -> ndbg.Run:
 
 
 def _key(e: ndbg.Event) -> tuple:
-    return (e.step, e.layer, str(e.kind), e.severity, e.message, e.end)
+    return (e.step, e.layer, str(e.kind), e.severity, e.message, e.end, repr(e.value),
+            repr(e.previous))
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} in a saved run's JSON: strict JSON readers refuse it")
 
 
 def test_a_compacted_run_saved_and_loaded_keeps_its_events_and_first_failure(tmp_path):
@@ -65,6 +71,20 @@ def test_a_compacted_run_saved_and_loaded_keeps_its_events_and_first_failure(tmp
     # re-classified, the compacted steps keep their events, as for the live run
     assert [_key(e) for e in loaded.reclassify(jump=20.0).events] == \
         [_key(e) for e in run.reclassify(jump=20.0).events]
+
+
+def test_a_saved_run_is_strict_json_and_its_non_finite_numbers_come_back(tmp_path):
+    """A NaN batch makes events whose numbers are infinite (the loss, the activations):
+    written as strings, since strict JSON has no NaN or Infinity, and read back as floats."""
+    broken = demo.EXAMPLES["nan-batch"]()
+    with ndbg.watch(broken.model, report=False) as run:
+        broken()
+    assert any(math.isinf(e.value) for e in run.events)
+    path = run.save(tmp_path / "nan.npz")
+    json.loads(path.with_suffix(".json").read_text(), parse_constant=_no_constant)
+    loaded = ndbg.load(path)
+    assert [_key(e) for e in loaded.events] == [_key(e) for e in run.events]
+    assert loaded.thresholds == run.thresholds
 
 
 def test_a_file_saved_without_events_is_judged_again_from_its_steps(tmp_path):
