@@ -158,7 +158,7 @@ export interface PanelTraits {
   selected: Selection | null;
   inspector_html: string;
   message: string;
-  /** What watching costs, e.g. "watching +3.1%"; empty until measured. */
+  /** What watching costs, e.g. "watching +1.0 ms/step (+3.1%)"; empty until measured. */
   cost: string;
   /** The sentence behind it (ms per step, the parts, a budget note), for the tooltip. */
   cost_detail: string;

@@ -147,14 +147,15 @@ def thresholds(run: Run) -> dict[str, float]:
 
 
 def cost(run: Run) -> tuple[str, str]:
-    """What watching costs, for the header: a short label and the sentence behind it (with
+    """What watching costs, for the header: a short label, in milliseconds first (a toy
+    model's 1 ms step makes any percentage look large), and the sentence behind it (with
     the budget note, where there is one); empty before it is measured."""
     o = run.overhead
     if o is None:
         return "", ""
     note = run.cost.note if run.cost is not None else None  # a loaded run's is in its notes
     detail = f"{o}." + (f" {note}" if note else "")
-    return f"watching +{o.fraction:.1%}", detail
+    return f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%})", detail
 
 
 def panel_state(run: Run, with_values: bool) -> dict[str, Any]:

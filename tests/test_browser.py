@@ -354,7 +354,7 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> N
         phase("training finished")
         # what watching cost, measured by the run itself, in the header
         cost = panel.locator(".ndbg-cost")
-        expect(cost).to_have_text(re.compile(r"^watching \+\d+\.\d%$"))
+        expect(cost).to_have_text(re.compile(r"^watching \+\d+\.\d ms/step \(\+\d+\.\d%\)$"))
         assert "ms a step" in (cost.get_attribute("title") or "")
         report["cost"] = cost.inner_text()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -72,7 +73,7 @@ def test_state_after_a_run_names_the_failure_on_the_map() -> None:
     root = panel.first_failure["id"]
     assert any(e["symptom_of"] == root for e in panel.events)
     # the header says what watching cost, measured while it trained
-    assert panel.cost.startswith("watching +") and panel.cost.endswith("%")
+    assert re.fullmatch(r"watching \+\d+\.\d ms/step \(\+\d+\.\d%\)", panel.cost), panel.cost
     assert "ms a step" in panel.cost_detail
     assert "overhead budget" not in panel.cost_detail  # no budget, no note
 

@@ -37,7 +37,7 @@ function traits(): PanelTraits {
     selected: null,
     inspector_html: "",
     message: "click an event to inspect it",
-    cost: "watching +3.1%",
+    cost: "watching +1.0 ms/step (+3.1%)",
     cost_detail: "neuraldbg's own time: 1.02 ms a step, +3.1% on the loop's 33.0 ms (last 256 steps; layer hooks 0.30 ms, full statistics 0.10 ms).",
   };
 }
@@ -84,7 +84,7 @@ describe("render", () => {
     expect($(".ndbg-status").classList.contains("ndbg-status-stopped")).toBe(true);
     expect($(".ndbg-step").textContent).toBe("step 100");
     expect($(".ndbg-loss-value").textContent).toBe("1.7");
-    expect($(".ndbg-cost").textContent).toBe("watching +3.1%");
+    expect($(".ndbg-cost").textContent).toBe("watching +1.0 ms/step (+3.1%)");
     expect($(".ndbg-cost").title).toContain("1.02 ms a step");
     expect($(".ndbg-cost").hidden).toBe(false);
     expect(el.querySelectorAll(".ndbg-sparkline-nan")).toHaveLength(1);
