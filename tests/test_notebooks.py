@@ -48,7 +48,8 @@ CLAIMS = {
         r"LESSON OK: data_anomaly \(input_scale\) step 60; with jump=100 the first failure "
         r"becomes a symptom \(loss_divergence step \d+\); healthy run quiet",
     "06_end_to_end.ipynb":
-        r"LESSON OK: data_anomaly step 0; then regime_shift conv2 step \d+; fixed run healthy",
+        r"LESSON OK: data_anomaly step 0; then regime_shift (conv1|conv2|fc1|fc2) step \d+; "
+        r"fixed run healthy",
 }
 
 
