@@ -518,14 +518,18 @@ class Probe:
         self._last_absmax = row["act_absmax"].tolist()
         if self._rich:
             row.update(self._rich_columns(v, n))
-        row["grad_norm"] = _layer_norms(v, g_pos, [i for _, i in with_grad], n)
-        if self._pending_post is not None and step > 0:
-            pos, idx = self._pending_post
-            self.trace.set_layer_values("param_norm", step - 1, _layer_norms(v, pos, idx, n))
-        if self._pending_update is not None and step > 0:
-            d_pos, b_pos, idx = self._pending_update
-            moved = _layer_norms(v, d_pos, idx, n)
-            before = _layer_norms(v, b_pos, idx, n)
+        parts = [(g_pos, [i for _, i in with_grad])]
+        if step > 0 and self._pending_post is not None:
+            parts.append(self._pending_post)
+            if self._pending_update is not None:
+                d_pos, b_pos, idx = self._pending_update
+                parts += [(d_pos, idx), (b_pos, idx)]
+        norms = _layer_norms(v, parts, n)
+        row["grad_norm"] = norms[0]
+        if len(norms) > 1:
+            self.trace.set_layer_values("param_norm", step - 1, norms[1])
+        if len(norms) > 3:
+            moved, before = norms[2], norms[3]
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = np.where(before > 0, moved / before, np.nan)
             self.trace.set_layer_values("update_ratio", step - 1, ratio.astype(np.float32))
@@ -609,7 +613,7 @@ class Probe:
         pos, idx = self._pending_post
         v = self._sc.to_host()
         self.trace.set_layer_values("param_norm", self.trace.n_steps - 1,
-                                    _layer_norms(v, pos, idx, self.trace.n_layers))
+                                    _layer_norms(v, [(pos, idx)], self.trace.n_layers)[0])
         self._pending_post = self._pending_update = None
         self._reset_step()
 
@@ -702,17 +706,19 @@ class Probe:
         return out
 
 
-def _layer_norms(v: np.ndarray, pos: list[int], idx: list[int], n: int) -> np.ndarray:
-    """Combine per-tensor norms into per-layer norms (sqrt of summed squares); NaN for
-    layers with no tensor, inf where any tensor's norm is not finite."""
-    out = np.full(n, np.nan, np.float32)
-    if not pos:
-        return out
-    sq = v[pos] ** 2
-    sq[~np.isfinite(sq)] = np.inf
-    acc = np.zeros(n)
-    np.add.at(acc, np.asarray(idx), sq)
-    has = np.zeros(n, bool)
-    has[np.asarray(idx)] = True
-    out[has] = np.sqrt(acc[has])
-    return out
+def _layer_norms(v: np.ndarray, parts: list[tuple[list[int], list[int]]],
+                 n: int) -> np.ndarray:
+    """Per-layer norms (sqrt of summed squares of per-tensor norms) for each of `parts`,
+    (positions in `v`, layer indices), as the rows of one (len(parts), n) array: NaN for
+    layers with no tensor, inf where any tensor's norm is not finite. One pass for all of
+    a step's parts: after a training step the caches are cold, and each numpy call costs
+    several times what it does in a loop."""
+    pos = [p for ps, _ in parts for p in ps]
+    bins = np.array([k * n + i for k, (_, idx) in enumerate(parts) for i in idx], np.intp)
+    size = len(parts) * n
+    sq = v[np.array(pos, np.intp)] ** 2
+    total = np.bincount(bins, sq, minlength=size)  # NaN in any part stays NaN
+    out = np.sqrt(total)
+    out[np.isnan(out)] = np.inf
+    out[np.bincount(bins, minlength=size) == 0] = np.nan
+    return out.astype(np.float32).reshape(len(parts), n)

@@ -195,16 +195,17 @@ class Watch:
 
 class ScanSchedule:
     """When the live run scans for events: at once when the newest step looks like the
-    start of one (`wake`), once more `patience` steps later (a slow condition is confirmed
-    only after it held that long), else in batches sized so that scanning costs about
-    `BUDGET` of the training time, and at least every `MAX_LATENCY` seconds. Batching
+    start of a sudden one (`wake`), `patience` steps later where it looks like the start
+    of a slow one (reported only once it has held that long: a scan before would find
+    nothing), else in batches sized so that scanning costs about `BUDGET` of the
+    training time, and at least every `MAX_LATENCY` seconds. Batching
     changes when events are found, never which (the scan is chunk-invariant), so
     `stop_on` stops at the step of a sudden failure and soon after a slow one. A scan
     costs about 3 ms however few its new steps (the detectors' fixed numpy work), so a
     small budget mostly means fewer, larger batches; `MAX_LATENCY` still bounds how late
     a slow condition shows in the panel."""
 
-    BUDGET = 0.0025
+    BUDGET = 0.001
     MAX_LATENCY = 2.0
 
     def __init__(self, thresholds: Thresholds) -> None:
@@ -220,13 +221,14 @@ class ScanSchedule:
         now = time.perf_counter()
         self._time_step(now)
         step = trace.n_steps - 1
-        woke = wake(trace, self.thresholds) or self._sampled_wake(trace, self.thresholds)
-        if woke:
+        woke = wake(trace, self.thresholds)
+        slow = self._sampled_wake(trace, self.thresholds) or woke == "slow"
+        if slow:  # reported once it has held for `patience` steps: look then
             self._confirm.add(step + self.thresholds.patience)
         confirm = step in self._confirm
         self._confirm = {s for s in self._confirm if s > step}
         pending = trace.n_steps - detection.steps_done
-        return pending > 0 and (woke or confirm or pending >= self.interval
+        return pending > 0 and (woke == "sudden" or confirm or pending >= self.interval
                                 or now - self._last_scan >= self.MAX_LATENCY)
 
     def _time_step(self, now: float) -> None:

@@ -14,7 +14,15 @@ from models import mlp, train
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.capture import CaptureStore
-from neuraldbg_nb.detectors import BaselineCache, Detection, _baseline, detect, first_failure, wake
+from neuraldbg_nb.detectors import (
+    BaselineCache,
+    Detection,
+    SampledWake,
+    _baseline,
+    detect,
+    first_failure,
+    wake,
+)
 from neuraldbg_nb.detectors._scan import HOLD, OK, WARNING, last_ok_rows
 from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
 
@@ -234,20 +242,24 @@ def test_gradient_settled_at_the_vanish_line_gives_one_event():
     assert of(detect(build([("a", "other")], {"grad_norm": noisy(3e-6)}))[1],
               "vanishing_gradient") == []
 def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
-    """The live scan's trigger (`wake`), two steps at a time: every kind of sudden change
-    wakes it, a move below the half-jump line (gradients: half of `jump_error`) does not."""
-    th = ndbg.Thresholds()  # wake_jump sqrt(10) = 3.16; gradients 10
+    """The live scan's trigger (`wake`), on the newest step of three as the live trace
+    holds them (the weight norm after the newest update is not there yet, so weights are
+    compared one step back): every kind of sudden change wakes it, a move below the
+    half-jump line (gradients: half of `jump_error`) does not, nor does a falling loss."""
+    th = ndbg.Thresholds()  # wake_jump sqrt(10) = 3.16; gradients 10; the loss 3.16, up
     base = {"act_absmax": 2.0, "param_norm": 5.0, "grad_norm": 0.1}
     scal = {"loss": 1.0, "in_absmax": 3.0, "in_nonfinite": 0.0}
 
-    def woke(col: str, value: float, before: float | None = None) -> bool:
-        cols = {c: np.full((2, 2), v) for c, v in base.items()}
-        scalars = {c: np.full(2, v) for c, v in scal.items()}
+    def woke(col: str, value: float, before: float | None = None) -> str:
+        cols = {c: np.full((3, 2), v) for c, v in base.items()}
+        cols["param_norm"][2] = np.nan  # set when the next step closes
+        scalars = {c: np.full(3, v) for c, v in scal.items()}
         target = cols[col] if col in cols else scalars[col]
+        newest = 1 if col == "param_norm" else 2
         if before is not None:
-            target[0, ...] = before
-        target[1, ...] = value
-        return wake(build([("a", "other"), ("b", "other")], cols, scalars, n=2), th)
+            target[newest - 1, ...] = before
+        target[newest, ...] = value
+        return wake(build([("a", "other"), ("b", "other")], cols, scalars, n=3), th)
 
     assert not wake(build([("a", "other")], {c: np.full((1, 1), v) for c, v in base.items()},
                           n=1), th), "one step: nothing to compare"
@@ -260,9 +272,38 @@ def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
     assert not woke("grad_norm", 5e-7, before=8e-7), "already below it"
     assert woke("grad_norm", 2e3, before=9e2) and not woke("grad_norm", 3e3, before=2e3)
     assert woke("param_norm", 5.0 * 3.2) and not woke("param_norm", -5.0)
+    assert woke("param_norm", math.inf), "weights gone non-finite in the last update"
     assert woke("loss", 1.0 * 3.2) and not woke("loss", 1.5)
+    assert not woke("loss", 1.0 / 5.0), "a falling loss is no failure"
+    assert woke("loss", math.inf)
     assert woke("in_nonfinite", 7.0) and not woke("in_nonfinite", 7.0, before=3.0)
     assert woke("in_absmax", 0.0), "an all-zero batch"
+    # a sudden event is scanned for at once; a slow one (reported once it has held) also
+    # `patience` steps later
+    assert woke("act_absmax", 0.0) == woke("param_norm", math.inf) == "sudden"
+    assert woke("grad_norm", 2e3, before=9e2) == woke("loss", math.inf) == "sudden"
+    assert woke("grad_norm", 5e-7, before=2e-6) == woke("loss", 3.2) == "slow"
+
+
+def test_sampled_wake_fires_on_a_new_condition_not_on_a_layer_at_the_line() -> None:
+    """Dead units are judged on sampled steps only, against the two samples before: a
+    layer that crosses the line after two samples below it wakes the scan; one that flips
+    across it from sample to sample (half-dead ReLUs in a deep stack) does not every time."""
+    th = ndbg.Thresholds()  # dead 0.5
+    w = SampledWake()
+    flags = []
+    for dead in [0.1, 0.1, 0.2, 0.7, 0.7, 0.2, 0.6, 0.3, 0.6, 0.1, 0.1, 0.8]:
+        t = build([("relu", "relu")], {"dead_frac": np.full((1, 1), dead)},
+                  {"sampled": np.ones(1)}, n=1)
+        flags.append(w(t, th))
+    assert flags == [False, False, False, True, False, False, False, False, False, False,
+                     False, True]
+    unsampled = build([("relu", "relu")], {"dead_frac": np.full((1, 1), 0.9)},
+                      {"sampled": np.zeros(1)}, n=1)
+    assert not SampledWake()(unsampled, th), "a step that was not sampled is not judged"
+    first = build([("relu", "relu")], {"dead_frac": np.full((1, 1), 0.9)},
+                  {"sampled": np.ones(1)}, n=1)
+    assert SampledWake()(first, th), "the first sample is judged on its own"
 
 
 def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str, np.ndarray]]:

@@ -5,10 +5,10 @@ batches instead (the result is the same: the scan is chunk-invariant). This test
 newest step against the one before decides when to scan at once, so that a sudden
 failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
-crossed its line (against the last sampled step), the input turned non-finite or all
-zero, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`). It only
-decides *when* detection runs, never *what* it finds; a slow drift is found at the next
-batch.
+crossed its line (against the last two sampled steps), the input turned non-finite or
+all zero, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the
+loss: a rise of `sqrt(loss_rise)`). It only decides *when* detection runs, never *what*
+it finds; a slow drift is found at the next batch.
 """
 
 from __future__ import annotations
@@ -20,32 +20,44 @@ import numpy as np
 from ..thresholds import Thresholds
 from ..trace import Trace
 
-_MOVERS = ("act_absmax", "param_norm", "grad_norm")
-"""Per-layer columns compared with the step before; gradients last (see `wake`)."""
+_MOVERS = ("act_absmax", "grad_norm")
+"""Per-layer columns of the newest step compared with the step before. The weight norm
+after an update reaches the trace with the next step, so it is compared one step back."""
 
 
-def wake(trace: Trace, th: Thresholds) -> bool:
-    """True if the newest step may start an event (judged on the columns measured every
-    step; sampled ones are compared by `SampledWake`). It runs after every step of a live
-    run, so it is a handful of whole-row numpy ops: a row's move of `f` decades or more,
-    |log10(now / before)| >= f, is read as now / before outside (10**-f, 10**f)."""
+def wake(trace: Trace, th: Thresholds) -> str:
+    """Whether the newest step may start an event (judged on the columns measured every
+    step; sampled ones are compared by `SampledWake`): "" if not, "sudden" where an event
+    would be reported at this step, "slow" where it is reported only after holding for a
+    while (a gradient crossing the vanish line, a rising loss), so that a second scan is
+    worth making then. It runs after every step of a live run, so it is a handful of
+    whole-row numpy ops: a row's move of `f` decades or more, |log10(now / before)| >= f,
+    is read as now / before outside (10**-f, 10**f). The loss is only judged upward (only
+    a rise is a failure), from `sqrt(loss_rise)`: a noisy loss near its minimum falls and
+    rises by several times from batch to batch."""
     t = trace.n_steps - 1
     if t < 1:
-        return False
-    cols = [trace.col(c, t - 1, t + 1) for c in _MOVERS]
-    both = np.concatenate(cols + [trace.scalar(c, t - 1, t + 1)[:, None] for c in _SCALARS],
-                          1).astype(np.float64)
+        return ""
+    n = trace.n_layers
+    act, grad = (trace.col(c, t - 1, t + 1) for c in _MOVERS)
+    weights = trace.col("param_norm", t - 2, t) if t >= 2 else np.full((2, n), np.nan)
+    both = np.concatenate([act, weights, grad] + [trace.scalar(c, t - 1, t + 1)[:, None]
+                                                  for c in _SCALARS], 1).astype(np.float64, copy=False)
     before, now = both[:, :-1]
-    hi, lo = _bands(trace.n_layers, th)
-    grad_b, grad = cols[-1]  # as recorded (float32), as the gradient detector compares them
+    hi, lo = _bands(n, th)
+    grad_b, grad_now = grad
     with np.errstate(invalid="ignore", divide="ignore"):
         q = now / before
         moved = (q >= hi) | ((q <= lo) & (q >= 0)) | (np.isinf(now) & ~np.isinf(before))
-        crossed = ((grad < th.vanish) & ~(grad_b < th.vanish)) \
-            | ((grad > th.explode) & ~(grad_b > th.explode))
+        vanished = ((grad_now < th.vanish) & ~(grad_b < th.vanish)).any()
+        exploded = ((grad_now > th.explode) & ~(grad_b > th.explode)).any()
     inf_b, inf = both[:, -1]
-    return bool(moved.any() or crossed.any() or (inf > 0 and not inf_b > 0)
-                or (now[-1] == 0 and before[-1] != 0))
+    loss = 3 * n
+    rose = moved[loss] and np.isfinite(now[loss])  # a divergence must hold a while
+    if moved[:loss].any() or (moved[loss] and not rose) or moved[loss + 1] or exploded \
+            or (inf > 0 and not inf_b > 0) or (now[-1] == 0 and before[-1] != 0):
+        return "sudden"
+    return "slow" if rose or vanished else ""
 
 
 _SCALARS = ("loss", "in_absmax", "in_nonfinite")
@@ -54,20 +66,28 @@ _SCALARS = ("loss", "in_absmax", "in_nonfinite")
 
 @functools.lru_cache(maxsize=8)
 def _bands(n_layers: int, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
-    """(10**f, 10**-f) for each value `wake` compares: half the jump in decades; gradients
-    swing by a decade on ordinary batches and only warn from `jump_error`, so they wake
-    from half of that."""
+    """(10**f, 10**-f) for each value `wake` compares, in its order (activations,
+    weights, gradients, loss, input): half the jump in decades; gradients swing by a
+    decade on ordinary batches and only warn from `jump_error`, so they wake from half of
+    that; the loss wakes on a rise of half `loss_rise` in decades and never on a fall."""
     f = np.full(3 * n_layers + 2, np.log10(th.wake_jump))
     f[2 * n_layers: 3 * n_layers] = 0.5 * np.log10(max(th.jump, th.jump_error))
-    return 10.0 ** f, 10.0 ** -f
+    f[3 * n_layers] = 0.5 * np.log10(th.loss_rise)
+    lo = 10.0 ** -f
+    lo[3 * n_layers] = -1.0  # q <= lo never holds where q >= 0: no fall of the loss wakes
+    return 10.0 ** f, lo
 
 
 class SampledWake:
     """The same test for the sampled columns (dead units, saturation), against the last
-    sampled step rather than the step before, which was not measured."""
+    two sampled steps rather than the step before, which was not measured: a layer wakes
+    the scan when its fraction crosses the line after two samples below it. A layer that
+    hovers at the line (a deep ReLU stack's half-dead layers) flips from sample to sample;
+    waking on each flip scanned twice every sampled step. Its event, a slow condition, is
+    still found by the next batch scan."""
 
     def __init__(self) -> None:
-        self._last: np.ndarray | None = None
+        self._last: tuple[np.ndarray, np.ndarray] | None = None  # the two last samples
 
     def __call__(self, trace: Trace, th: Thresholds) -> bool:
         t = trace.n_steps - 1
@@ -76,7 +96,9 @@ class SampledWake:
         with np.errstate(invalid="ignore"):
             now = np.concatenate([trace.col("dead_frac", t, t + 1)[0] >= th.dead,
                                   trace.col("sat_frac", t, t + 1)[0] >= th.saturated])
-        last, self._last = self._last, now
-        if last is None or len(last) != len(now):
+        last = self._last
+        if last is None or len(last[1]) != len(now):
+            self._last = (np.zeros_like(now), now)
             return bool(now.any())
-        return bool((now & ~last).any())
+        self._last = (last[1], now)
+        return bool((now & ~(last[0] | last[1])).any())
