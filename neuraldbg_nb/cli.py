@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if not args.script.is_file():
             parser.error(f"no such script: {args.script}")
-        sys.argv = [str(args.script), *args.script_args]
+        # the script sees its own argv, as `python script.py args` would give it; a
+        # caller of main() (a test, a notebook) gets its own back afterwards
+        saved_argv, sys.argv = sys.argv, [str(args.script), *args.script_args]
         w = watch(None, stop_on=args.stop_on, report=True, **_changes(args))
         try:
             with w:
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingFailure:
             pass
         finally:
+            sys.argv = saved_argv
             print(f"neuraldbg: run saved to {w.run.save(args.save)}", file=sys.stderr)
         return 0
 

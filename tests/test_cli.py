@@ -159,6 +159,19 @@ def test_run_watches_a_training_script_and_saves_what_it_found(tmp_path):
     assert run.trace.n_steps == 120
 
 
+def test_run_in_process_gives_the_script_its_argv_and_the_caller_back_its_own(
+        tmp_path, capsys, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT).replace(
+        'print("script done")', 'print("script argv", sys.argv)'))
+    monkeypatch.setattr(sys, "argv", ["the-caller", "--its-own"])
+    saved = tmp_path / "out.npz"
+    assert cli.main(["run", "--save", str(saved), str(script), "--steps", "80"]) == 0
+    assert f"script argv {[str(script), '--steps', '80']}" in capsys.readouterr().out
+    assert sys.argv == ["the-caller", "--its-own"]
+    assert ndbg.load(saved).first_failure.step == 70
+
+
 @pytest.mark.parametrize("argv, message", [
     (["show", "nowhere.npz"], "no saved run at nowhere.npz"),
     (["run", "missing.py"], "no such script: missing.py"),
