@@ -310,7 +310,7 @@ class Probe:
         mx: Any
         if known is not None:
             mn, mx = known
-        elif c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of aminmax
+        elif c.nonneg:  # the max is the abs-max and shows any NaN: half the cost of min_max
             mn = mx = y.amax()
         else:
             mn, mx = stats.min_max(y)
