@@ -50,6 +50,25 @@ class StepRecord:
 _is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
 _clock = time.perf_counter
 
+_Hook = Callable[..., Any]
+
+
+def _guarded(hook: _Hook) -> _Hook:
+    """A hook that never breaks the training it watches: an error of the engine's own
+    (a bug, a model it does not understand) goes to `Probe._fail`, which stops the watch
+    and lets the training go on; hooks after that return at once. What the watch raises
+    on purpose (`TrainingFailure`) goes through: the watch's `on_error` raises it again."""
+    @functools.wraps(hook)
+    def guarded(self: Probe, *args: Any) -> Any:
+        if self.failed:
+            return None
+        try:
+            return hook(self, *args)
+        except Exception as exc:  # noqa: BLE001 - the point: the training must go on
+            self._fail(exc, hook.__name__.lstrip("_"))
+            return None
+    return guarded
+
 WEIGHT_PROBE = 4096
 """Elements of each weight tensor whose norm is read after every update."""
 
@@ -117,10 +136,13 @@ class Probe:
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
                  overhead: float | None = None, hold_jump: float, cost: SelfCost,
-                 on_step: Callable[[StepRecord], None]) -> None:
+                 on_step: Callable[[StepRecord], None],
+                 on_error: Callable[[Exception, str], None]) -> None:
         """`hold_jump`: the abs-max move that makes a large CPU activation worth holding
         for capture (the watch passes `Thresholds.wake_jump`, the wake test's factor).
-        `cost`: where the probe records its own time, step by step."""
+        `cost`: where the probe records its own time, step by step. `on_error`: told of an
+        error in a hook (the exception, the hook's name) before the probe stops; it may
+        raise it again (see `_guarded`)."""
         self.trace = trace
         self.sampler = Sampler(sample_every, overhead)
         self.cost = cost
@@ -134,6 +156,8 @@ class Probe:
         self._hold_jump = hold_jump
         self._last_absmax: list[float] = []  # per layer, from the last step
         self._on_step = on_step
+        self._on_error = on_error
+        self.failed = False  # a hook failed: the probe records nothing more
         self._handles: list[RemovableHandle] = []
         self._unsubscribe: Callable[[], None] | None = None
         self._roots: set[int] = set()
@@ -213,6 +237,17 @@ class Probe:
         self._root_depth = 0
         self._batch_rows.release()
 
+    def _fail(self, exc: Exception, where: str) -> None:
+        """A hook raised: the watch is told (and may raise it again); otherwise the probe
+        stops recording. Its hooks stay installed until the block ends, each returning at
+        once: removing one while PyTorch iterates over them (the optimizer's step hooks)
+        would itself break the step."""
+        self._on_error(exc, where)
+        self.failed = True
+        self._refs.clear()
+        self._before = None
+        self._batch_rows.release()
+
     @property
     def attached(self) -> bool:
         return bool(self._handles)
@@ -255,6 +290,7 @@ class Probe:
         return any(id(p) in mine for g in opt.param_groups for p in g["params"])
 
     # -- hooks ----------------------------------------------------------------------
+    @_guarded
     def _pre(self, module: nn.Module, args: tuple) -> None:
         if _is_compiling():
             self.compiled_seen = True
@@ -270,6 +306,7 @@ class Probe:
         if mid in self._cand and mid not in self._index:
             self._layer(mid)
 
+    @_guarded
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._root_depth == 0:
             t0 = _clock()
@@ -277,9 +314,11 @@ class Probe:
             self._other_s += _clock() - t0
         self._root_depth += 1
 
+    @_guarded
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
         self._root_depth = max(0, self._root_depth - 1)
 
+    @_guarded
     def _post(self, c: _Candidate, module: nn.Module, args: tuple, output: object) -> None:
         """A layer's forward hook: the cheap path (min and max: read at once on the host,
         kept on the device until the step closes elsewhere), and the rich statistics on
@@ -395,11 +434,13 @@ class Probe:
         if self._hold:
             self._batch = batch
 
+    @_guarded
     def _on_backward(self, root: torch.Tensor) -> None:
         t0 = _clock()
         self._losses.append(self._sc.add(root.detach()))
         self._other_s += _clock() - t0
 
+    @_guarded
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         primary = self._primary() if self._primary is not None else None
         if primary is None:  # the first step, or the optimizer was replaced (and freed)
@@ -411,11 +452,13 @@ class Probe:
             self.steps_seen += 1
             self._close(opt)
 
+    @_guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if self._primary is not None and self._primary() is opt:
             self._after_update()
 
     # -- user-facing step API ---------------------------------------------------------
+    @_guarded
     def manual_step(self) -> None:
         """Close a step by hand (loops without an optimizer)."""
         self.manual_steps = True

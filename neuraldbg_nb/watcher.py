@@ -8,6 +8,7 @@ removed on every way out of the block: normal exit, an exception, KeyboardInterr
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import warnings
@@ -84,7 +85,7 @@ class Watch:
                             hold_refs=capture_mb > 0 and activations,
                             activations=activations, overhead=overhead,
                             hold_jump=th.wake_jump, cost=self._cost,
-                            on_step=self._on_step)
+                            on_step=self._on_step, on_error=self._on_error)
         self._active = False
         self._schedule = ScanSchedule(th)
         self._seen = 0
@@ -104,10 +105,13 @@ class Watch:
                  tb: TracebackType | None) -> None:
         run = self.run
         try:
-            if exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
+            if self._probe.failed:
+                pass  # nothing more to read from it: what it recorded is in the trace
+            elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
                     and not self._probe.manual_steps and run.trace.n_steps == 0:
                 self._probe.close_partial()
-            self._probe.flush()
+            else:
+                self._probe.flush()
         finally:
             self._probe.detach()
             self._active = False
@@ -152,6 +156,25 @@ class Watch:
         run._notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
             raise TrainingFailure(run)
+
+    def _on_error(self, exc: Exception, where: str) -> None:
+        """A hook of the probe raised. `TrainingFailure` is the watch's own way out, and
+        with NEURALDBG_STRICT=1 (the test suite) every error is raised again, with its
+        traceback. Any other error is the engine's, not the training's: the run says so
+        (a RuntimeWarning, `run.notes`) and the training goes on, unwatched from there."""
+        if isinstance(exc, TrainingFailure) or os.environ.get("NEURALDBG_STRICT") == "1":
+            raise exc
+        steps = self.run.trace.n_steps
+        note = (f"neuraldbg stopped watching at step {steps}: its own code failed "
+                f"({where}: {type(exc).__name__}: {exc}). The training went on, unchanged "
+                f"and unwatched; the {steps} steps recorded before are kept. This is a bug "
+                f"in neuraldbg: please report it with this message (NEURALDBG_STRICT=1 "
+                f"raises it instead, with its traceback).")
+        self.run.notes.append(note)
+        try:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
+        except RuntimeWarning:
+            pass  # warnings are errors here: the note is in run.notes
 
     def _bound_trace(self) -> None:
         """Keep the trace within 1.5 x `trace_mb`: when the exact tail outgrows `trace_mb`,

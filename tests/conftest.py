@@ -1,5 +1,6 @@
-"""Shared test settings: one CPU thread, deterministic torch, and a check after every test
-that no watch left a hook behind."""
+"""Shared test settings: one CPU thread, deterministic torch, the engine's own errors
+raised (NEURALDBG_STRICT), and a check after every test that no watch left a hook
+behind."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
+# an error in the engine's own hooks fails the test, with its traceback, where a user's
+# training would go on unwatched (the kernels and servers the tests start inherit it);
+# test_engine_errors.py turns it off to test exactly that
+os.environ["NEURALDBG_STRICT"] = "1"
 
 ORIGINAL_BACKWARD = torch.autograd.backward
 
