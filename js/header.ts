@@ -1,4 +1,8 @@
-/** The header: status badge, step counter, what watching costs, loss sparkline with the last loss. */
+/**
+ * The header: status badge, step counter, what watching costs, loss sparkline with the last
+ * loss; under it, the run's notes (what it could not watch, or stopped watching), which a
+ * warning in the cell's output would scroll away.
+ */
 import { formatNumber } from "./format";
 import type { Snapshot, Status } from "./model";
 import { createSparkline } from "./sparkline";
@@ -37,7 +41,11 @@ export function createHeader(parent: HTMLElement): HeaderView {
   lossValue.className = "ndbg-loss-value";
   lossBox.appendChild(lossValue);
   root.append(title, badge, step, cost, lossBox);
-  parent.appendChild(root);
+  const notes = document.createElement("div");
+  notes.className = "ndbg-notes";
+  notes.hidden = true;
+  parent.append(root, notes);
+  let shownNotes = "";
 
   return {
     el: root,
@@ -49,6 +57,19 @@ export function createHeader(parent: HTMLElement): HeaderView {
       cost.textContent = snap.cost;
       cost.title = snap.costDetail;
       cost.hidden = !snap.cost;
+      const joined = snap.notes.join("\n");
+      if (joined !== shownNotes) {
+        shownNotes = joined;
+        notes.replaceChildren(
+          ...snap.notes.map((text) => {
+            const line = document.createElement("div");
+            line.className = "ndbg-note";
+            line.textContent = text;
+            return line;
+          }),
+        );
+        notes.hidden = snap.notes.length === 0;
+      }
       const g = spark.update(snap.loss);
       const lastRaw = snap.loss.length ? snap.loss[snap.loss.length - 1]! : Number.NaN;
       lossValue.textContent = !snap.loss.length ? "\u2014" : Number.isNaN(lastRaw) ? "NaN" : formatNumber(lastRaw);

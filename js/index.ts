@@ -19,7 +19,7 @@ const RECLASSIFIED: ReadonlySet<TraitName> = new Set<TraitName>(["events", "map"
 /** Stop showing "reclassifying..." after this long without an answer. */
 export const RECLASSIFY_TIMEOUT_MS = 10_000;
 
-const HEADER: readonly TraitName[] = ["status", "step", "loss"];
+const HEADER: readonly TraitName[] = ["status", "step", "loss", "cost", "cost_detail", "notes"];
 const MAP: readonly TraitName[] = ["layers", "map", "map_cols", "map_steps", "map_values", "map_act", "markers", "selected"];
 const FEED: readonly TraitName[] = ["events", "first_failure", "selected", "status"];
 

@@ -162,6 +162,8 @@ export interface PanelTraits {
   cost: string;
   /** The sentence behind it (ms per step, the parts, a budget note), for the tooltip. */
   cost_detail: string;
+  /** What the run could not watch, or stopped watching (run.notes, less the budget note). */
+  notes: string[];
 }
 
 export type PanelModel = AnyModel<PanelTraits>;
@@ -186,6 +188,7 @@ export const TRAITS: readonly TraitName[] = [
   "message",
   "cost",
   "cost_detail",
+  "notes",
 ];
 
 /** Byte order of typed arrays on this machine (ImageData pixels, float32 views). */
@@ -234,6 +237,7 @@ export interface Snapshot {
   message: string;
   cost: string;
   costDetail: string;
+  notes: string[];
 }
 
 /** Used only until Python sends `thresholds` (same as neuraldbg_nb.Thresholds). */
@@ -272,5 +276,6 @@ export function snapshot(model: PanelModel): Snapshot {
     message: model.get("message") ?? "",
     cost: model.get("cost") ?? "",
     costDetail: model.get("cost_detail") ?? "",
+    notes: model.get("notes") ?? [],
   };
 }

@@ -76,6 +76,7 @@ class Panel(anywidget.AnyWidget):
     message = traitlets.Unicode("").tag(sync=True)
     cost = traitlets.Unicode("").tag(sync=True)
     cost_detail = traitlets.Unicode("").tag(sync=True)
+    notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
     def __init__(self, run: Run, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -158,6 +158,14 @@ def cost(run: Run) -> tuple[str, str]:
     return f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%})", detail
 
 
+def notes(run: Run) -> list[str]:
+    """What the run could not watch, or stopped watching, in plain sentences (`run.notes`):
+    shown under the header, where a warning printed in the cell's output scrolls away. The
+    budget note is left out: it is the cost's tooltip (`cost`)."""
+    own = run.cost.note if run.cost is not None else None
+    return [n for n in run.notes if n != own]
+
+
 def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     """Every trait of the panel for `run`. `with_values` adds the per-cell numbers for the
     tooltip (sent when the run is not training, to keep live messages small)."""
@@ -179,6 +187,7 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
         "first_failure": first,
         "cost": label,
         "cost_detail": detail,
+        "notes": notes(run),
     }
     if with_values:
         edges = bucket_edges(t.n_steps, cols)

@@ -13,6 +13,7 @@ from models import mlp, train
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb import stats
+from neuraldbg_nb.panel import Panel
 
 FAULT = 5
 
@@ -82,6 +83,7 @@ def test_an_engine_error_stops_the_watch_not_the_training(
     assert f"the {recorded} steps recorded before are kept" in note
     assert run.status == "finished" and _module_hooks(setup.model) == 0
     assert "neuraldbg stopped watching" in str(run)
+    assert Panel(run).notes == [note], "the panel shows it under its header"
 
 
 def test_strict_mode_raises_the_engines_error_and_still_removes_every_hook(

@@ -145,6 +145,7 @@ def test_a_budget_the_per_step_checks_cannot_hold_is_reported_with_the_numbers()
     assert [n for n in run.notes if "overhead budget of 2.0% cannot be held" in n]
     label, detail = serialize.cost(run)  # the panel's header
     assert label.startswith("watching +") and "cannot be held" in detail
+    assert serialize.notes(run) == [], "the budget note is the cost's tooltip, not twice"
     text = str(run)
     assert "note: the overhead budget of 2.0% cannot be held" in text
     assert "neuraldbg's own time:" in text

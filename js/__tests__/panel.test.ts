@@ -39,6 +39,7 @@ function traits(): PanelTraits {
     message: "click an event to inspect it",
     cost: "watching +1.0 ms/step (+3.1%)",
     cost_detail: "neuraldbg's own time: 1.02 ms a step, +3.1% on the loop's 33.0 ms (last 256 steps; layer hooks 0.30 ms, full statistics 0.10 ms).",
+    notes: [],
   };
 }
 
@@ -336,12 +337,29 @@ describe("render", () => {
     mount({
       layers: [], step: 0, status: "training", loss: null, map: null, map_cols: 0, map_steps: [0, 0],
       map_values: null, map_act: null, markers: [], first_failure: null, events: [], message: "",
-      cost: "", cost_detail: "",
+      cost: "", cost_detail: "", notes: [],
     });
     expect($(".ndbg-feed-empty").textContent).toBe("no events yet");
+    expect($(".ndbg-notes").hidden).toBe(true);
     expect($(".ndbg-cost").hidden).toBe(true); // not measured yet
     expect($(".ndbg-loss-value").textContent).toBe("\u2014");
     expect($(".ndbg-map").classList.contains("ndbg-map-is-empty")).toBe(true);
+  });
+
+  it("shows the run's notes under the header, one line each, and follows them", () => {
+    mount();
+    expect($(".ndbg-notes").hidden).toBe(true);
+    const stopped = "neuraldbg stopped watching at step 12: its own code failed (post: RuntimeError: boom).";
+    const compiled = "parts of the model ran under torch.compile: their activations are not watched";
+    model.update("notes", [stopped, compiled]);
+    vi.advanceTimersByTime(20); // the next frame
+    const lines = [...el.querySelectorAll<HTMLElement>(".ndbg-note")].map((n) => n.textContent);
+    expect(lines).toEqual([stopped, compiled]);
+    expect($(".ndbg-notes").hidden).toBe(false);
+    model.update("notes", []);
+    vi.advanceTimersByTime(20); // the next frame
+    expect(el.querySelectorAll(".ndbg-note")).toHaveLength(0);
+    expect($(".ndbg-notes").hidden).toBe(true);
   });
 
   it("cleans up its listeners", () => {
