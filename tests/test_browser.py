@@ -7,7 +7,7 @@ by 1000 at step 150 of 300. The test watches the live panel while it trains, the
 the finished panel (first failure named, map drawn within a frame), clicks the first
 failure in the feed (the inspector opens with charts and the line that reaches the
 tensors), drags the jump slider to its maximum (the run is re-classified), and asks the
-kernel what it saw. Any JS error of the page fails the test (but two known load-time races
+kernel what it saw; a note the kernel then adds to the run shows under the header. Any JS error of the page fails the test (but two known load-time races
 of Notebook 7's own code: KNOWN_PAGE_ERRORS; the report lists them).
 
 Needs /usr/bin/chromium (or $NDBG_CHROMIUM), jupyterlab, notebook>=7, ipykernel and
@@ -109,8 +109,13 @@ print("KERNEL", sys.executable)
 from neuraldbg_nb.panel import Panel
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    orig = [o.original for o in gc.get_objects() if isinstance(o, Panel)]
-print("ORIG_SEL", [o.selected and (o.selected.layer, o.selected.step) for o in orig])"""
+    panels = [o for o in gc.get_objects() if isinstance(o, Panel)]
+orig = [p.original for p in panels]
+print("ORIG_SEL", [o.selected and (o.selected.layer, o.selected.step) for o in orig])
+# a note reaches the panel with its next push (a real one: an engine error, torch.compile)
+for p in panels:
+    p.run.notes.append("NOTE: a note from the kernel")
+    p.push(force=True)"""
 
 
 def _write_notebook(path: Path) -> None:
@@ -352,6 +357,7 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> N
         expect(panel).to_have_attribute("data-status", "finished")
         expect(panel.locator(".ndbg-status")).to_have_text("finished")
         phase("training finished")
+        expect(panel.locator(".ndbg-notes")).to_be_hidden()  # nothing it could not watch
         # what watching cost, measured by the run itself, in the header
         cost = panel.locator(".ndbg-cost")
         expect(cost).to_have_text(re.compile(r"^watching \+\d+\.\d ms/step \(\+\d+\.\d%\)$"))
@@ -472,6 +478,9 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> N
         assert re.search(r"^SEL \('2', 150\)$", out, re.MULTILINE), (
             "the kernel's ndbg.last_run().selected is not layer 2 at step 150 after the "
             f"click and the re-classification:\n{out}")
+        # the run's notes, under the header
+        expect(panel.locator(".ndbg-notes .ndbg-note")).to_have_text(
+            ["NOTE: a note from the kernel"], timeout=10_000)
 
         # no JS errors in the page
         assert not page_errors, "page errors:\n" + "\n".join(page_errors)
