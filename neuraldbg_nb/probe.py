@@ -64,7 +64,7 @@ def _guarded(hook: _Hook) -> _Hook:
             return None
         try:
             return hook(self, *args)
-        except Exception as exc:  # noqa: BLE001 - the point: the training must go on
+        except Exception as exc:  # noqa: BLE001 - any error of ours: the training must go on
             self._fail(exc, hook.__name__.lstrip("_"))
             return None
     return guarded
