@@ -602,16 +602,20 @@ class Probe:
         if spent > 0 and self.sampler.overhead:
             floor = self.cost.floor()
         now = _clock()
-        own = self._hook_s + spent + self._other_s + (now - t_enter)
-        return self.sampler.next(step, self._sampled, spent, now - self._interval_start - own,
-                                 floor)
+        plain = now - self._interval_start - self._own(t_enter, now)
+        return self.sampler.next(step, self._sampled, spent, plain, floor)
+
+    def _own(self, t_enter: float, now: float) -> float:
+        """The engine's time in this step so far: its hooks', and the step boundary's
+        since `t_enter`."""
+        return self._hook_s + self._rich_s + self._other_s + (now - t_enter)
 
     def _end_interval(self, step: int, t_enter: float) -> None:
         """The step boundary's end: the step's time and the engine's part of it go to
         `cost`, and the next step starts."""
         now = _clock()
-        own = self._hook_s + self._rich_s + self._other_s + (now - t_enter)
-        self.cost.record(step, now - self._interval_start, own, self._hook_s, self._rich_s)
+        self.cost.record(step, now - self._interval_start, self._own(t_enter, now),
+                         self._hook_s, self._rich_s)
         self._interval_start = now
         self._hook_s = self._rich_s = self._other_s = 0.0
 

@@ -153,7 +153,7 @@ def cost(run: Run) -> tuple[str, str]:
     o = run.overhead
     if o is None:
         return "", ""
-    note = run.cost.note if run.cost is not None else None  # a loaded run's is in its notes
+    note = _budget_note(run)
     detail = f"{o}." + (f" {note}" if note else "")
     return f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%})", detail
 
@@ -162,8 +162,13 @@ def notes(run: Run) -> list[str]:
     """What the run could not watch, or stopped watching, in plain sentences (`run.notes`):
     shown under the header, where a warning printed in the cell's output scrolls away. The
     budget note is left out: it is the cost's tooltip (`cost`)."""
-    own = run.cost.note if run.cost is not None else None
+    own = _budget_note(run)
     return [n for n in run.notes if n != own]
+
+
+def _budget_note(run: Run) -> str | None:
+    """A live run's budget note (`SelfCost.note`); a loaded run's is in its notes only."""
+    return run.cost.note if run.cost is not None else None
 
 
 def panel_state(run: Run, with_values: bool) -> dict[str, Any]:

@@ -148,11 +148,7 @@ class Watch:
         self._bound_trace()
         note = self._cost.budget_note(self._activations)
         if note is not None:
-            run.notes.append(note)
-            try:
-                warnings.warn(f"neuraldbg: {note}", RuntimeWarning, stacklevel=2)
-            except RuntimeWarning:
-                pass  # warnings are errors here: a note must not stop the training
+            self._note(note, f"neuraldbg: {note}")
         run._notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
             raise TrainingFailure(run)
@@ -170,11 +166,16 @@ class Watch:
                 f"and unwatched; the {steps} steps recorded before are kept. This is a bug "
                 f"in neuraldbg: please report it with this message (NEURALDBG_STRICT=1 "
                 f"raises it instead, with its traceback).")
+        self._note(note, note)
+
+    def _note(self, note: str, warning: str) -> None:
+        """A note in `run.notes` (and `print(run)`, the panel), said once as a
+        RuntimeWarning too, which must not stop the training where warnings are errors."""
         self.run.notes.append(note)
         try:
-            warnings.warn(note, RuntimeWarning, stacklevel=2)
+            warnings.warn(warning, RuntimeWarning, stacklevel=3)
         except RuntimeWarning:
-            pass  # warnings are errors here: the note is in run.notes
+            pass  # -W error: the note is in run.notes
 
     def _bound_trace(self) -> None:
         """Keep the trace within 1.5 x `trace_mb`: when the exact tail outgrows `trace_mb`,

@@ -41,8 +41,8 @@ def wake(trace: Trace, th: Thresholds) -> str:
     n = trace.n_layers
     act, grad = (trace.col(c, t - 1, t + 1) for c in _MOVERS)
     weights = trace.col("param_norm", t - 2, t) if t >= 2 else np.full((2, n), np.nan)
-    both = np.concatenate([act, weights, grad] + [trace.scalar(c, t - 1, t + 1)[:, None]
-                                                  for c in _SCALARS], 1).astype(np.float64, copy=False)
+    scalars = [trace.scalar(c, t - 1, t + 1)[:, None] for c in _SCALARS]
+    both = np.concatenate([act, weights, grad, *scalars], 1).astype(np.float64, copy=False)
     before, now = both[:, :-1]
     hi, lo = _bands(n, th)
     grad_b, grad_now = grad
