@@ -83,7 +83,7 @@ class Panel(anywidget.AnyWidget):
         self.run = run
         self.original = run
         self._last_push = 0.0
-        self._pending = False
+        self._notes_pushed = 0  # notes the last push carried: a new one is pushed at once
         self._unsubscribe = run.subscribe(self._on_step)
         self.observe(self._on_thresholds, names="thresholds")
         self.observe(self._on_selected, names="selected")
@@ -96,7 +96,7 @@ class Panel(anywidget.AnyWidget):
             _warm_charts()
             run.prepare_reclassify()  # so that the first slider move is as fast as the next
             return
-        self.push()
+        self.push(force=len(run.notes) != self._notes_pushed)
 
     def push(self, force: bool = False) -> None:
         """Send the run's state, at most `MAX_RATE` times a second unless `force`."""
@@ -104,6 +104,7 @@ class Panel(anywidget.AnyWidget):
         if not force and now - self._last_push < 1.0 / MAX_RATE:
             return
         self._last_push = now
+        self._notes_pushed = len(self.run.notes)
         done = self.run.status != "training"
         state = serialize.panel_state(self.run, with_values=done)
         with self.hold_sync():

@@ -7,6 +7,7 @@ removed on every way out of the block: normal exit, an exception, KeyboardInterr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -167,6 +168,10 @@ class Watch:
                 f"in neuraldbg: please report it with this message (NEURALDBG_STRICT=1 "
                 f"raises it instead, with its traceback).")
         self._note(note, note)
+        # the panel shows it now: no step comes to push it before the block ends; a view
+        # failing too must not stop the training
+        with contextlib.suppress(Exception):
+            self.run._notify([])
 
     def _note(self, note: str, warning: str) -> None:
         """A note in `run.notes` (and `print(run)`, the panel), said once as a
@@ -183,24 +188,26 @@ class Watch:
         whose rows are held to half of `trace_mb`."""
         t = self.run.trace
         if t.over(self.trace_bytes):
-            self.run.detection.advance(t)  # detection reads the steps before they go
-            t.fit(self.trace_bytes, self.run.detection.steps_done - history_rows(self.run.thresholds))
+            detection = self.run.detection
+            detection.advance(t)  # detection reads the steps before they go
+            t.fit(self.trace_bytes, detection.steps_done - history_rows(self.run.thresholds))
 
     def _capture(self, record: StepRecord, new: list) -> None:
         store = self.run.captures
         if store.budget == 0:
             return
-        names = self.run.trace.layer_names
         fired = {e.order for e in new if e.severity != "info" and e.order >= 0}
         reference = is_reference_step(record.step)
         if fired or reference or any(e.severity != "info" for e in new):
             # the batch once per step, under layer None
             store.add(record.step, None, EVENT if new else REFERENCE, {"batch": record.batch})
         layers = sorted(fired) + (sorted(record.refs) if reference else [])
+        if not layers:
+            return
+        names = self.run.trace.layer_names
         owned: dict[int, list[tuple[str, nn.Parameter]]] = {}
-        if layers:  # each layer's parameters, found in one pass (a reference takes them all)
-            for name, p, owner in record.params:
-                owned.setdefault(owner, []).append((name, p))
+        for name, p, owner in record.params:  # in one pass: a reference takes them all
+            owned.setdefault(owner, []).append((name, p))
         for idx in layers:
             if idx >= len(names) or store.has(record.step, names[idx]):
                 continue

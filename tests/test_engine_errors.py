@@ -110,3 +110,28 @@ def test_stop_on_error_still_stops_the_training(monkeypatch: pytest.MonkeyPatch)
             ndbg.watch(setup.model, stop_on="error", report=False) as run:
         train(setup, 20, on_batch=nan_batch)
     assert run.first_failure.step == FAULT and run.notes == []
+
+
+def test_a_live_panel_shows_the_engines_error_while_the_training_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No step after the error pushes the panel, so the error pushes it itself: the
+    note is under the panel's header while the cell still trains, not when it ends."""
+    monkeypatch.delenv("NEURALDBG_STRICT")
+    setup = mlp()
+    switch = _break(monkeypatch, "grouped_norms")
+    seen: dict[int, list[str]] = {}
+    panel: list[Panel] = []
+
+    def arm(step, model, opt):
+        switch["on"] = step >= FAULT
+        if panel:
+            seen[step] = list(panel[0].notes)
+
+    with ndbg.watch(setup.model, report=False) as run:
+        panel.append(Panel(run))
+        with pytest.warns(RuntimeWarning, match="neuraldbg stopped watching"):
+            train(setup, 20, on_step_start=arm)
+        assert run.status == "training"
+    assert seen[FAULT] == [], "nothing to say before the error"
+    assert seen[FAULT + 1] == run.notes and len(run.notes) == 1, \
+        "the note is on the panel at the next step, while training"
