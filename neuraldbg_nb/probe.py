@@ -48,6 +48,12 @@ class StepRecord:
 
 
 _is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
+_grad_enabled = torch.is_grad_enabled
+"""Forwards with gradients off (`torch.no_grad()`, `torch.inference_mode()`) train
+nothing: an evaluation pass inside the training loop, a no-grad pass that makes targets.
+The probe leaves them out; recorded, their batches and activations joined the next
+training step's, and a validation set scaled unlike the training set read as a jump of
+every layer at that step."""
 _clock = time.perf_counter
 
 _Hook = Callable[..., Any]
@@ -172,6 +178,8 @@ class Probe:
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
         self.compiled_seen = False
+        self.eval_seen = False  # a forward with gradients off was left out
+        self.activations_seen = False  # a training forward's activation was recorded
         self.manual_steps = False
         self.steps_seen = 0
         self._sc = stats.Scalars()
@@ -296,7 +304,9 @@ class Probe:
             self.compiled_seen = True
             return
         mid = id(module)
-        if mid not in self._roots and not self._given and self._root_depth == 0 \
+        if not _grad_enabled():  # a model seen only in evaluation is not discovered
+            self.eval_seen = True
+        elif mid not in self._roots and not self._given and self._root_depth == 0 \
                 and mid not in self._cand and next(module.parameters(), None) is not None:
             n = len(self._root_modules)
             new = self._add_root(module, "" if n == 0 else f"{type(module).__name__}{n}.")
@@ -309,9 +319,12 @@ class Probe:
     @_guarded
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._root_depth == 0:
-            t0 = _clock()
-            self._record_input(args, kwargs)
-            self._other_s += _clock() - t0
+            if _grad_enabled():
+                t0 = _clock()
+                self._record_input(args, kwargs)
+                self._other_s += _clock() - t0
+            else:
+                self.eval_seen = True
         self._root_depth += 1
 
     @_guarded
@@ -328,6 +341,11 @@ class Probe:
         its own returning its last layer's output, an identity)."""
         if _is_compiling():
             self.compiled_seen = True
+            return
+        if not _grad_enabled():
+            self.eval_seen = True
+            if c.index < 0:  # its place in forward order (gradient checkpointing runs
+                self._layer(id(module))  # the first forward with gradients off)
             return
         y = output if type(output) is torch.Tensor else first_tensor(output)
         if y is None or not y.is_floating_point():
@@ -558,6 +576,7 @@ class Probe:
             k = np.asarray(self._c_dev)
             mins[k], maxs[k] = v[p_mn:p_mn + len(k)], v[p_mx:p_mx + len(k)]
         row["act_absmax"] = self._absmax(mins, maxs, n)
+        self.activations_seen = self.activations_seen or bool(self._c_idx)
         self._last_absmax = row["act_absmax"].tolist()
         if self._rich:
             row.update(self._rich_columns(v, n))

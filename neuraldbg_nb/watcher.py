@@ -120,6 +120,13 @@ class Watch:
             run.notes.append("parts of the model ran under torch.compile: their activations "
                              "are not watched (hooks do not run inside compiled graphs); "
                              "gradients, weights, the loss and the input batch are.")
+        probe = self._probe
+        if probe.eval_seen and self._activations and not probe.activations_seen \
+                and not any("gradients off" in n for n in run.notes):
+            run.notes.append("every forward of the model ran with gradients off "
+                             "(torch.no_grad() or torch.inference_mode()), so no "
+                             "activations were recorded: neuraldbg records the forwards "
+                             "that train, and leaves evaluation passes out.")
         if exc_type is None:
             run.status = "finished"
         elif issubclass(exc_type, TrainingFailure):

@@ -5,6 +5,7 @@ gets for a wrong argument or a misspelt threshold."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -184,25 +185,96 @@ def test_module_returning_none_is_harmless():
     _no_errors(run)
 
 
-def test_evaluation_inside_the_loop_under_inference_mode_and_no_grad():
-    """Forwards that do not train (an eval every few steps) run the same hooks; inference
-    tensors have no version counter, and reading one raises."""
+def _eval_model() -> nn.Module:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(inplace=True),
-                          nn.Linear(16, 2))
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16),
+                         nn.ReLU(inplace=True), nn.Linear(16, 2))
+
+
+def test_evaluation_passes_inside_the_loop_are_left_out():
+    """An evaluation every few steps (eval mode, no_grad or inference_mode) on a
+    validation set unlike the training set, ten times its scale and with a NaN in one
+    batch, trains nothing: the run records exactly what the same training records
+    without it. Before, its batches and activations joined the next training step's: a
+    jump of every layer, then a non-finite error, at training steps that were healthy."""
     x, _ = _batches(1)
+    val = x[:8] * 10
+    val[3, 0, 0] = math.nan
 
     def evaluate(step, m, opt):
-        with torch.inference_mode():
-            m(x[step])
-        with torch.no_grad():
-            m(x[step])
+        if step % 4 == 3:
+            m.eval()
+            with torch.no_grad():
+                m(val[step // 4])
+            with torch.inference_mode():  # inference tensors have no version counter
+                m(val[step // 4 + 1])
+            m.train()
+
+    runs = []
+    for on_step_start in (None, evaluate):
+        model = _eval_model()
+        with ndbg.watch(model, report=False) as run:
+            losses = _loop(model, 24, on_step_start=on_step_start)
+        runs.append((run, torch.stack(losses)))
+    (plain, plain_losses), (evaluated, losses) = runs
+    assert torch.equal(losses, plain_losses)
+    assert evaluated.trace.layer_names == plain.trace.layer_names
+    for col in ("act_absmax", "act_mean", "grad_norm"):
+        np.testing.assert_array_equal(evaluated.trace.col(col), plain.trace.col(col))
+    for col in ("in_absmax", "in_nonfinite", "in_mean"):
+        np.testing.assert_array_equal(evaluated.trace.scalar(col), plain.trace.scalar(col))
+    assert [str(e) for e in evaluated.events] == [str(e) for e in plain.events]
+    _no_errors(evaluated)
+    assert evaluated.notes == []
+
+
+def test_a_block_that_only_evaluates_says_why_no_activations_were_recorded():
+    model = _eval_model()
+    x, _ = _batches(1)
+    with ndbg.watch(model, report=False) as run, torch.no_grad():
+        for step in range(3):
+            model(x[step])
+            run.step()
+    assert run.trace.n_steps == 3
+    assert np.isnan(run.trace.col("act_absmax")).all()
+    (note,) = run.notes
+    assert "gradients off" in note and "no activations were recorded" in note
+
+
+class Checkpointed(nn.Module):
+    """A block run through gradient checkpointing, then a head: the reentrant kind runs
+    the block's first forward with gradients off and again in the backward."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Linear(6, 16)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh())
+        self.head = nn.Linear(16, 2)
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.utils.checkpoint.checkpoint(self.block, self.stem(x),
+                                              use_reentrant=self.reentrant)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_gradient_checkpointing_keeps_forward_order_and_finds_the_fault(reentrant):
+    model = Checkpointed(reentrant)
+
+    def corrupt(step, m, opt):
+        if step == S:
+            with torch.no_grad():
+                m.block[0].weight.mul_(1000)
 
     with ndbg.watch(model, report=False) as run:
-        _loop(model, 12, on_step_start=evaluate)
-    assert run.trace.n_steps == 12
-    assert np.isfinite(run.trace.col("act_absmax")).all()
-    _no_errors(run)
+        _loop(model, STEPS, on_step_start=corrupt)
+    assert run.trace.layer_names == ["stem", "block.0", "block.1", "block.2", "block.3",
+                                     "head"]
+    assert not np.isnan(run.trace.col("act_absmax")).any(), "the block is recorded"
+    first = run.first_failure
+    assert first is not None and (first.layer, first.step) == ("block.0", S), first
 
 
 class SparseOut(nn.Module):
@@ -541,6 +613,28 @@ def test_watch_without_a_model_finds_the_same_failure():
     assert (ff.step, ff.layer, ff.kind) == (S, "2", "regime_shift"), ff.message
     assert [(e.step, e.layer, e.kind) for e in found.events] == \
            [(e.step, e.layer, e.kind) for e in given.events]
+
+
+def test_watch_without_a_model_leaves_out_a_teacher_run_without_gradients():
+    """Distillation: a frozen teacher called under no_grad trains nothing, so `watch()`
+    without a model finds the student alone, and its fault where it is."""
+    setup = mlp()
+    torch.manual_seed(1)
+    teacher = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def distil(logits, y):
+        with torch.no_grad():
+            soft = teacher(setup.batch(len(seen))[0]).softmax(1)
+        seen.append(1)
+        return F.cross_entropy(logits, y) + F.cross_entropy(logits, soft)
+
+    seen: list[int] = []
+    setup.loss_fn = distil
+    with ndbg.watch(report=False) as run:
+        train(setup, STEPS, on_step_start=_scale_weight_at(setup.model, "2", S))
+    assert run.trace.layer_names == ["0", "1", "2", "3", "4"], "the student alone"
+    ff = run.first_failure
+    assert (ff.step, ff.layer) == (S, "2"), ff.message
 
 
 # -- user errors ------------------------------------------------------------------------------
