@@ -173,7 +173,8 @@ class Probe:
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
         self._params_cache: list[tuple[str, nn.Parameter, int]] = []
         self._probe_key: list[int] = []  # storage address of each trained weight, 0 if frozen
-        self._probe: tuple[stats.StackPlan, list[int]] = ([], [])  # weight slices, layers
+        self._probe: tuple[stats.StackPlan, list[int]] = ([], [])  # weight slices, modules
+        self._probe_idx: list[int] | None = None  # their layers' indices, once numbered
         self._probe_out: list[torch.Tensor] = []  # the after-update copy's stacks, reused
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
@@ -181,6 +182,7 @@ class Probe:
         self.eval_seen = False  # a forward with gradients off was left out
         self.activations_seen = False  # a training forward's activation was recorded
         self.manual_steps = False
+        self._closure_step = False  # the primary's step in progress was given a closure
         self.steps_seen = 0
         self._sc = stats.Scalars()
         self._batch_rows = stats.RichBatch()
@@ -468,11 +470,20 @@ class Probe:
             primary = opt
         if primary is opt:
             self.steps_seen += 1
-            self._close(opt)
+            self._before_update()
+            # a closure runs the step's forward and backward inside the step: it closes
+            # after it (`_opt_post`); `args` starts with the optimizer itself
+            self._closure_step = callable(kwargs.get("closure", args[1] if len(args) > 1
+                                                     else None))
+            if not self._closure_step:
+                self._close(opt)
 
     @_guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if self._primary is not None and self._primary() is opt:
+            if self._closure_step:
+                self._closure_step = False
+                self._close(opt)
             self._after_update()
 
     # -- user-facing step API ---------------------------------------------------------
@@ -528,24 +539,31 @@ class Probe:
     def _weight_probe(self) -> tuple[stats.StackPlan, list[int]]:
         """The first `WEIGHT_PROBE` elements of each trained weight (about as many of its
         first rows where it is not contiguous, e.g. channels-last), as views grouped for
-        `stats.stacked`, and its layer index. Kept from step to step while every weight
-        keeps its storage and its `requires_grad` (so `p.data = ...` and freezing are
+        `stats.stacked`, and the id of its layer's module (`_probe_layers` numbers them:
+        a step given a closure copies the weights before its first forward, and layers
+        are numbered in forward order). Kept from step to step while every weight keeps
+        its storage and its `requires_grad` (so `p.data = ...` and freezing are
         followed), which costs one address read per weight instead of building them
         again."""
-        params = self._params()
-        key = [p.data_ptr() if p.requires_grad else 0 for _, p, _ in params]
+        key = [p.data_ptr() if p.requires_grad else 0 for _, p, _ in self._owners]
         if key != self._probe_key:
-            views, idx = [], []
-            for _, p, i in params:
+            views, mids = [], []
+            for _, p, mid in self._owners:
                 if p.requires_grad:
                     w = p.detach()
                     views.append(w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else
                                  w[:max(1, WEIGHT_PROBE // max(1, w[0].numel()))])
-                    idx.append(i)
+                    mids.append(mid)
             plan = stats.stack_plan(views)
-            self._probe_key, self._probe = key, (plan, idx)
+            self._probe_key, self._probe, self._probe_idx = key, (plan, mids), None
             self._probe_out = stats.stack_buffers(plan)
         return self._probe
+
+    def _probe_layers(self) -> list[int]:
+        """The layer index of each of the weight probe's slices, in its order."""
+        if self._probe_idx is None:
+            self._probe_idx = [self._layer(mid) for mid in self._probe[1]]
+        return self._probe_idx
 
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
         t_enter = _clock()
@@ -602,8 +620,6 @@ class Probe:
         scalars.update(self._input_scalars(v))
         self.trace.append(row, scalars)
 
-        if self._sampled and opt is not None:
-            self._before = stats.stacked(self._weight_probe()[0])
         record = StepRecord(step, self._refs, self._batch, params)
         self._sampled = self._next_sampled(step, t_enter)
         refs = self._refs
@@ -648,6 +664,12 @@ class Probe:
                                units, counted))
         self._rich_s += _clock() - t0
 
+    def _before_update(self) -> None:
+        """Before the update of a sampled step: the weight probe's copy that the update
+        is measured against (`_after_update`)."""
+        if self._sampled:
+            self._before = stats.stacked(self._weight_probe()[0])
+
     def _after_update(self) -> None:
         """After the primary optimizer's update: the weight probe (every step) and the
         update size (sampled steps), sent with the next step's transfer.
@@ -659,7 +681,8 @@ class Probe:
         slices are copied in stacks of equal size (`stats.stacked`): a few ops for hundreds
         of layers, and the copy taken before a sampled update is what it is compared with."""
         t0 = _clock()
-        plan, idx = self._weight_probe()
+        plan = self._weight_probe()[0]
+        idx = self._probe_layers()
         now = stats.stacked(plan, self._probe_out)  # read below and dropped: one buffer
         before, self._before = self._before, None
         if before is not None and len(before) == len(now) and all(

@@ -637,6 +637,60 @@ def test_watch_without_a_model_leaves_out_a_teacher_run_without_gradients():
     assert (ff.step, ff.layer) == (S, "2"), ff.message
 
 
+def _closure_run(setup, opt, *, closure: bool, fault: int | None = None):
+    """`setup` trained with `opt.step(closure)` (forward and backward inside the step) or
+    the usual way; the batch of step `fault` is scaled by 1000."""
+    model = setup.model
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            x, y = setup.batch(step)
+            if step == fault:
+                x = x * 1000
+
+            def forward_backward(x=x, y=y):
+                opt.zero_grad()
+                loss = setup.loss_fn(model(x), y)
+                loss.backward()
+                return loss
+
+            if closure:
+                opt.step(forward_backward)
+            else:
+                forward_backward()
+                opt.step()
+    return run
+
+
+def test_steps_given_a_closure_are_recorded_as_steps_without_one():
+    """A closure runs the step's forward and backward after the step's pre-hook; the step
+    closes after it, so each row holds its own step (before, every row held the step
+    before it: the first one no loss, a bad batch one step late)."""
+    runs = []
+    for closure in (False, True):
+        setup = mlp()
+        opt = torch.optim.SGD(setup.model.parameters(), lr=0.05, momentum=0.9)
+        runs.append(_closure_run(setup, opt, closure=closure, fault=S))
+    plain, closed = runs
+    for col in ("act_absmax", "act_mean", "grad_norm", "param_norm", "update_ratio"):
+        np.testing.assert_array_equal(closed.trace.col(col), plain.trace.col(col), col)
+    for col in ("loss", "in_absmax", "lr"):
+        np.testing.assert_array_equal(closed.trace.scalar(col), plain.trace.scalar(col), col)
+    ff = closed.first_failure
+    assert (ff.step, ff.kind) == (S, "data_anomaly"), ff.message
+    assert [str(e) for e in closed.events] == [str(e) for e in plain.events]
+
+
+def test_lbfgs_records_each_step_in_its_own_row():
+    setup = mlp()
+    opt = torch.optim.LBFGS(setup.model.parameters(), lr=0.05, max_iter=4)
+    run = _closure_run(setup, opt, closure=True, fault=S)
+    assert run.trace.n_steps == STEPS
+    assert np.isfinite(run.trace.scalar("loss")).all()
+    in_absmax = run.trace.scalar("in_absmax")
+    assert in_absmax.argmax() == S and in_absmax[S] > 100 * in_absmax[S - 1]
+    assert any((e.step, e.kind) == (S, "data_anomaly") for e in run.events)
+
+
 # -- user errors ------------------------------------------------------------------------------
 def test_watch_of_a_string_is_a_type_error_naming_the_fix():
     with pytest.raises(TypeError) as info:
