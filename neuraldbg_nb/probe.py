@@ -49,11 +49,13 @@ class StepRecord:
 
 _is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
 _grad_enabled = torch.is_grad_enabled
-"""Forwards with gradients off (`torch.no_grad()`, `torch.inference_mode()`) train
-nothing: an evaluation pass inside the training loop, a no-grad pass that makes targets.
-The probe leaves them out; recorded, their batches and activations joined the next
+"""A model called with gradients off (`torch.no_grad()`, `torch.inference_mode()`) trains
+nothing: an evaluation pass inside the training loop, a frozen teacher making targets.
+The probe leaves such calls out; recorded, their batches and activations joined the next
 training step's, and a validation set scaled unlike the training set read as a jump of
-every layer at that step."""
+every layer at that step. What decides is the model's call, not the layer's: a frozen
+backbone run under `no_grad` inside a forward that trains (or a checkpointed segment) is
+recorded."""
 _clock = time.perf_counter
 
 _Hook = Callable[..., Any]
@@ -178,6 +180,7 @@ class Probe:
         self._probe_out: list[torch.Tensor] = []  # the after-update copy's stacks, reused
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
+        self._eval_call = False  # the model's call in progress began with gradients off
         self.compiled_seen = False
         self.eval_seen = False  # a forward with gradients off was left out
         self.activations_seen = False  # a training forward's activation was recorded
@@ -245,6 +248,7 @@ class Probe:
         self._refs.clear()
         self._before = None
         self._root_depth = 0
+        self._eval_call = False
         self._batch_rows.release()
 
     def _fail(self, exc: Exception, where: str) -> None:
@@ -321,17 +325,20 @@ class Probe:
     @_guarded
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._root_depth == 0:
-            if _grad_enabled():
+            self._eval_call = not _grad_enabled()
+            if self._eval_call:
+                self.eval_seen = True
+            else:
                 t0 = _clock()
                 self._record_input(args, kwargs)
                 self._other_s += _clock() - t0
-            else:
-                self.eval_seen = True
         self._root_depth += 1
 
     @_guarded
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
         self._root_depth = max(0, self._root_depth - 1)
+        if self._root_depth == 0:
+            self._eval_call = False
 
     @_guarded
     def _post(self, c: _Candidate, module: nn.Module, args: tuple, output: object) -> None:
@@ -344,10 +351,10 @@ class Probe:
         if _is_compiling():
             self.compiled_seen = True
             return
-        if not _grad_enabled():
-            self.eval_seen = True
-            if c.index < 0:  # its place in forward order (gradient checkpointing runs
-                self._layer(id(module))  # the first forward with gradients off)
+        if self._eval_call or (not self._root_depth and not _grad_enabled()):
+            self.eval_seen = True  # an evaluation (see `_grad_enabled`)
+            if c.index < 0:  # its place in forward order all the same (checkpointing a
+                self._layer(id(module))  # whole model runs its first call without them)
             return
         y = output if type(output) is torch.Tensor else first_tensor(output)
         if y is None or not y.is_floating_point():

@@ -241,9 +241,45 @@ def test_a_block_that_only_evaluates_says_why_no_activations_were_recorded():
     assert "gradients off" in note and "no activations were recorded" in note
 
 
+class FrozenBackbone(nn.Module):
+    """Transfer learning: a frozen backbone run under no_grad inside the forward, then a
+    head that trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.backbone = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.backbone(x)
+        return self.head(features)
+
+
+def test_a_frozen_backbone_run_under_no_grad_inside_the_forward_is_recorded():
+    """What is left out is a model called with gradients off, not a layer: a backbone run
+    under no_grad inside a forward that trains is part of the training step."""
+    model = FrozenBackbone()
+
+    def corrupt(step, m, opt):
+        if step == S:
+            with torch.no_grad():
+                m.backbone[2].weight.mul_(1000)
+
+    with ndbg.watch(model, report=False) as run:
+        _loop(model, STEPS, on_step_start=corrupt,
+              opt=torch.optim.SGD(model.head.parameters(), lr=0.05))
+    assert not np.isnan(run.trace.col("act_absmax")).any()
+    assert run.notes == []
+    first = run.first_failure
+    assert first is not None and (first.layer, first.step) == ("backbone.2", S), first
+
+
 class Checkpointed(nn.Module):
     """A block run through gradient checkpointing, then a head: the reentrant kind runs
-    the block's first forward with gradients off and again in the backward."""
+    the block's first forward with gradients off, inside the model's call, and again in
+    the backward."""
 
     def __init__(self, reentrant: bool) -> None:
         super().__init__()
@@ -635,6 +671,29 @@ def test_watch_without_a_model_leaves_out_a_teacher_run_without_gradients():
     assert run.trace.layer_names == ["0", "1", "2", "3", "4"], "the student alone"
     ff = run.first_failure
     assert (ff.step, ff.layer) == (S, "2"), ff.message
+
+
+def test_checkpointing_a_whole_model_records_its_recomputation():
+    """Reentrant checkpointing of the whole model calls it first with gradients off (left
+    out, as an evaluation) and again in the backward, with them: that call is recorded,
+    its batch included."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+    x, y = _batches()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            batch = x[step] * (1000 if step == S else 1)
+            opt.zero_grad()
+            out = torch.utils.checkpoint.checkpoint(model, batch.requires_grad_(),
+                                                    use_reentrant=True)
+            F.cross_entropy(out, y[step]).backward()
+            opt.step()
+    assert run.trace.layer_names == ["0", "1", "2"]
+    assert not np.isnan(run.trace.col("act_absmax")).any()
+    assert np.isfinite(run.trace.scalar("in_absmax")).all()
+    first = run.first_failure
+    assert first is not None and (first.step, first.kind) == (S, "data_anomaly"), first
 
 
 def _closure_run(setup, opt, *, closure: bool, fault: int | None = None):
