@@ -696,9 +696,11 @@ def test_checkpointing_a_whole_model_records_its_recomputation():
     assert first is not None and (first.step, first.kind) == (S, "data_anomaly"), first
 
 
-def _closure_run(setup, opt, *, closure: bool, fault: int | None = None):
-    """`setup` trained with `opt.step(closure)` (forward and backward inside the step) or
-    the usual way; the batch of step `fault` is scaled by 1000."""
+def _closure_run(setup, opt, *, closure: bool, fault: int | None = None,
+                 keyword: bool = False):
+    """`setup` trained with `opt.step(closure)` (forward and backward inside the step;
+    `keyword`: `step(closure=...)`, as Lightning calls it) or the usual way; the batch of
+    step `fault` is scaled by 1000."""
     model = setup.model
     with ndbg.watch(model, report=False) as run:
         for step in range(STEPS):
@@ -712,7 +714,9 @@ def _closure_run(setup, opt, *, closure: bool, fault: int | None = None):
                 loss.backward()
                 return loss
 
-            if closure:
+            if closure and keyword:
+                opt.step(closure=forward_backward)
+            elif closure:
                 opt.step(forward_backward)
             else:
                 forward_backward()
@@ -720,7 +724,8 @@ def _closure_run(setup, opt, *, closure: bool, fault: int | None = None):
     return run
 
 
-def test_steps_given_a_closure_are_recorded_as_steps_without_one():
+@pytest.mark.parametrize("keyword", [False, True])
+def test_steps_given_a_closure_are_recorded_as_steps_without_one(keyword):
     """A closure runs the step's forward and backward after the step's pre-hook; the step
     closes after it, so each row holds its own step (before, every row held the step
     before it: the first one no loss, a bad batch one step late)."""
@@ -728,7 +733,7 @@ def test_steps_given_a_closure_are_recorded_as_steps_without_one():
     for closure in (False, True):
         setup = mlp()
         opt = torch.optim.SGD(setup.model.parameters(), lr=0.05, momentum=0.9)
-        runs.append(_closure_run(setup, opt, closure=closure, fault=S))
+        runs.append(_closure_run(setup, opt, closure=closure, fault=S, keyword=keyword))
     plain, closed = runs
     for col in ("act_absmax", "act_mean", "grad_norm", "param_norm", "update_ratio"):
         np.testing.assert_array_equal(closed.trace.col(col), plain.trace.col(col), col)
