@@ -144,7 +144,7 @@ def inspector_html(run: Run, layer: str | None, step: int) -> str:
     esc = html.escape
     label = layer or "the input batch"
     if layer in names:
-        label = f"{layer} ({run.trace.layers[names.index(layer)].type})"
+        label = run.trace.layers[names.index(layer)].label
         state = {1: "healthy", 2: "warning", 3: "error"}[run.states.at(step, names.index(layer))]
         label += f", {state}"
     parts = [f"<div class='ndbg-insp'><p class='ndbg-insp-head'>{esc(label)}</p>"]

@@ -194,9 +194,18 @@ class Probe:
         # the last output reduced, its version then, its min and max: see `_known`
         self._last: tuple[weakref.ref[torch.Tensor] | None, int, Any, Any] = (
             None, -1, math.nan, math.nan)
+        # with several models: their outputs of this step and the last, which are not data
+        # where one feeds another (a GAN's generator its discriminator); held, so that
+        # their memory is not a new batch's (see `_record_input`)
+        self._root_outs: list[torch.Tensor] = []
+        self._prev_outs: list[torch.Tensor] = []
         self._reset_step()
         self._pending_post: tuple[list[int], list[int]] | None = None
-        self._pending_update: tuple[list[int], list[int], list[int]] | None = None
+        # the sampled update's norms: (moved, their layers, before, their layers)
+        self._pending_update: tuple[list[int], list[int], list[int], list[int]] | None = None
+        self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
+            weakref.WeakKeyDictionary()  # other optimizers: do they train watched weights?
+        self._other_lr: set[int] = set()  # modules whose weights another optimizer trains
         self._before: stats.Stacks | None = None  # the weight probe before a sampled update
         self._last_fingerprint: tuple[float, ...] | None = None
         for prefix, root in roots or []:
@@ -249,6 +258,7 @@ class Probe:
         self._before = None
         self._root_depth = 0
         self._eval_call = False
+        self._root_outs, self._prev_outs = [], []
         self._batch_rows.release()
 
     def _fail(self, exc: Exception, where: str) -> None:
@@ -260,6 +270,7 @@ class Probe:
         self.failed = True
         self._refs.clear()
         self._before = None
+        self._root_outs, self._prev_outs = [], []
         self._batch_rows.release()
 
     @property
@@ -293,7 +304,8 @@ class Probe:
         if idx is None:
             c = self._cand[mid]
             idx = c.index = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
-                                                 bool(own_params(c.module)))
+                                                 bool(own_params(c.module)),
+                                                 primary_lr=mid not in self._other_lr)
             self._index[mid] = idx
         return idx
 
@@ -302,6 +314,25 @@ class Probe:
             return not self._given
         mine = {id(p) for _, p, _ in self._owners}
         return any(id(p) in mine for g in opt.param_groups for p in g["params"])
+
+    def _trains_watched(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether an optimizer other than the primary one updates watched weights;
+        asked again only when a model is discovered. Layers it trains alone are marked:
+        the step's learning rate is the primary's, not theirs (`LayerInfo.primary_lr`)."""
+        known = self._others.get(opt)
+        if known is None or known[0] != len(self._owners):
+            known = self._others[opt] = (len(self._owners), bool(self._owners)
+                                         and self._owns(opt))
+            primary = self._primary() if self._primary is not None else None
+            if known[1] and primary is not None:
+                mine = {id(p) for g in primary.param_groups for p in g["params"]}
+                theirs = {id(p) for g in opt.param_groups for p in g["params"]}
+                for _, p, mid in self._owners:
+                    if id(p) in theirs and id(p) not in mine:
+                        self._other_lr.add(mid)
+                        if mid in self._index:
+                            self.trace.set_primary_lr(self._index[mid], False)
+        return known[1]
 
     # -- hooks ----------------------------------------------------------------------
     @_guarded
@@ -338,6 +369,10 @@ class Probe:
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
         self._root_depth = max(0, self._root_depth - 1)
         if self._root_depth == 0:
+            if len(self._root_modules) > 1 and not self._eval_call:
+                out = first_tensor(output, floating=False)
+                if out is not None and out.layout == torch.strided:
+                    self._root_outs.append(out.detach())
             self._eval_call = False
 
     @_guarded
@@ -456,6 +491,11 @@ class Probe:
             found = first_tensor(kwargs, floating=False)
         if found is None or found.numel() == 0 or found.is_complex():
             return
+        if (self._root_outs or self._prev_outs) and found.layout == torch.strided:
+            at = found.untyped_storage().data_ptr()
+            if any(o.untyped_storage().data_ptr() == at
+                   for o in (*self._root_outs, *self._prev_outs)):
+                return  # another watched model's output, or a view of it: not data
         batch = found.detach()
         self._inputs.append((stats.input_batch(batch, self._sampled, self._sc), batch.numel()))
         if self._hold:
@@ -484,14 +524,21 @@ class Probe:
                                                      else None))
             if not self._closure_step:
                 self._close(opt)
+        elif self._pending_update is not None and self._trains_watched(opt):
+            # another optimizer of the step (a GAN's generator): its update is measured
+            # on the step the primary's was, and adds to it
+            self._before = stats.stacked(self._weight_probe()[0])
 
     @_guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        if self._primary is not None and self._primary() is opt:
+        primary = self._primary() if self._primary is not None else None
+        if primary is opt:
             if self._closure_step:
                 self._closure_step = False
                 self._close(opt)
-            self._after_update()
+            self._after_update(primary=True)
+        elif primary is not None and self._trains_watched(opt):
+            self._after_update(primary=False)  # the weights are read after every update
 
     # -- user-facing step API ---------------------------------------------------------
     @_guarded
@@ -534,6 +581,7 @@ class Probe:
         self._logged_host: list[float] = []
         self._refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._batch = None
+        self._prev_outs, self._root_outs = self._root_outs, []
         self._hold_all = self._sampled or is_reference_step(self.trace.n_steps)
 
     def _params(self) -> list[tuple[str, nn.Parameter, int]]:
@@ -609,8 +657,8 @@ class Probe:
         if step > 0 and self._pending_post is not None:
             parts.append(self._pending_post)
             if self._pending_update is not None:
-                d_pos, b_pos, idx = self._pending_update
-                parts += [(d_pos, idx), (b_pos, idx)]
+                moved, moved_idx, before, before_idx = self._pending_update
+                parts += [(moved, moved_idx), (before, before_idx)]
         norms = _layer_norms(v, parts, n)
         row["grad_norm"] = norms[0]
         if len(norms) > 1:
@@ -677,9 +725,14 @@ class Probe:
         if self._sampled:
             self._before = stats.stacked(self._weight_probe()[0])
 
-    def _after_update(self) -> None:
-        """After the primary optimizer's update: the weight probe (every step) and the
-        update size (sampled steps), sent with the next step's transfer.
+    def _after_update(self, primary: bool = True) -> None:
+        """After an optimizer's update: the weight probe (every step) and the update size
+        (sampled steps), sent with the next step's transfer. After the primary
+        optimizer's update, and after every other one that trains watched weights (a
+        GAN's generator): the weights are read after the last of them, and each one's
+        update adds to the step's (each weight is moved by one of them, so their squared
+        norms add up; the primary's copy before the update gives the sizes they are
+        measured against).
 
         Both read the first `WEIGHT_PROBE` elements of each weight tensor: an update that
         moves weights by more than their size (a bad learning rate, an in-place edit)
@@ -695,11 +748,13 @@ class Probe:
         if before is not None and len(before) == len(now) and all(
                 a == b and x.shape == y.shape for (a, x), (b, y) in zip(now, before)):
             diffs = [(i, x - y) for (i, x), (_, y) in zip(now, before)]
-            self._pending_post = (stats.stacked_norms(now, self._sc), idx)
-            self._pending_update = (stats.stacked_norms(diffs, self._sc),
-                                    stats.stacked_norms(before, self._sc), idx)
-        else:
-            self._pending_post = (stats.stacked_norms(now, self._sc), idx)
+            moved = stats.stacked_norms(diffs, self._sc)
+            if primary or self._pending_update is None:
+                self._pending_update = (moved, idx, stats.stacked_norms(before, self._sc), idx)
+            else:
+                m, m_idx, b, b_idx = self._pending_update
+                self._pending_update = (m + moved, m_idx + idx, b, b_idx)
+        self._pending_post = (stats.stacked_norms(now, self._sc), idx)
         self._other_s += _clock() - t0
 
     def flush(self) -> None:

@@ -10,7 +10,7 @@ loses one; it only coarsens the healthy history behind them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,14 @@ class LayerInfo:
     type: str
     role: str
     has_params: bool
+    primary_lr: bool = True
+    """The step's `lr` is its learning rate: its weights are not trained by another
+    optimizer than the one that marks the steps (a GAN's generator is)."""
+
+    @property
+    def label(self) -> str:
+        """The layer in a sentence: its name and type."""
+        return f"{self.name} ({self.type})" if self.type else self.name
 
 
 class Trace:
@@ -90,14 +98,14 @@ class Trace:
 
     # -- layers ---------------------------------------------------------------------
     def add_layer(self, name: str, type_: str = "", role: str = "other",
-                  has_params: bool = False) -> int:
+                  has_params: bool = False, primary_lr: bool = True) -> int:
         """Register a layer (idempotent by name); returns its column index, which is also
         its forward execution order."""
         if name in self._index:
             return self._index[name]
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        self.layers.append(LayerInfo(name, type_, role, has_params))
+        self.layers.append(LayerInfo(name, type_, role, has_params, primary_lr))
         self._version += 1
         self._index[name] = len(self.layers) - 1
         for cols in (self._layer_cols, self._h_layer):
@@ -106,6 +114,12 @@ class Trace:
                 grown[:, : a.shape[1]] = a
                 cols[c] = grown
         return self._index[name]
+
+    def set_primary_lr(self, index: int, value: bool) -> None:
+        """Say whether the step's `lr` is layer `index`'s learning rate (`LayerInfo`)."""
+        if self.layers[index].primary_lr != value:
+            self.layers[index] = replace(self.layers[index], primary_lr=value)
+            self._version += 1
 
     def layer_index(self, name: str) -> int:
         return self._index[name]
@@ -320,8 +334,8 @@ class Trace:
         arrays.update({f"step__{c}": self.scalar(c) for c in STEP_COLUMNS})
         arrays.update({f"hlayer__{c}": a for c, a in self._h_layer.items()})
         arrays.update({f"hstep__{c}": a for c, a in self._h_step.items()})
-        meta = np.array([[i.name, i.type, i.role, str(int(i.has_params))] for i in self.layers],
-                        dtype=str).reshape(-1, 4)
+        meta = np.array([[i.name, i.type, i.role, str(int(i.has_params)), str(int(i.primary_lr))]
+                         for i in self.layers], dtype=str).reshape(-1, 5)
         arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]))
         np.savez_compressed(path, allow_pickle=False, **arrays)
 
@@ -329,8 +343,9 @@ class Trace:
     def load(cls, path: str | Path) -> Trace:
         with np.load(path, allow_pickle=False) as z:
             t = cls()
-            for name, type_, role, has_params in z["layers"]:
-                t.add_layer(str(name), str(type_), str(role), has_params == "1")
+            for name, type_, role, has_params, *primary_lr in z["layers"]:  # 4: older files
+                t.add_layer(str(name), str(type_), str(role), has_params == "1",
+                            primary_lr != ["0"])
             n = len(z["step__loss"])
             while t._cap < n:
                 t._grow()

@@ -204,13 +204,26 @@ def _gan(seed: int = 0):
     return G, D
 
 
-def _gan_loop(G, D, iterations: int) -> None:
+def _gan_loop(G, D, iterations: int, bad_lr: tuple[str, int] | None = None,
+              bad_weight: int | None = None, bad_real: int | None = None) -> None:
+    """A GAN's loop: the discriminator's step, then the generator's. `bad_lr`: ("G" or
+    "D", step) whose optimizer's learning rate becomes 100 at that step; `bad_weight`:
+    the step at which the generator's last weight is scaled by 1e4; `bad_real`: the step
+    whose real batch is scaled by 1000."""
     opt_g = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999))
     opt_d = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999))
     gen = torch.Generator().manual_seed(7)
     bce = F.binary_cross_entropy_with_logits
-    for _ in range(iterations):
+    for step in range(iterations):
+        if bad_lr is not None and step == bad_lr[1]:
+            for group in (opt_g if bad_lr[0] == "G" else opt_d).param_groups:
+                group["lr"] = 100.0
+        if step == bad_weight:
+            with torch.no_grad():
+                G[2].weight.mul_(1e4)
         real = torch.randn(32, 2, generator=gen) * 0.5 + torch.tensor([2.0, -1.0])
+        if step == bad_real:
+            real = real * 1000
         z = torch.randn(32, 4, generator=gen)
         opt_d.zero_grad()
         fake = G(z).detach()
@@ -240,6 +253,55 @@ def test_two_optimizers_gan_loop():
     a = run.trace.col("act_absmax")
     assert np.isfinite(a[:, names.index("G.2")]).all()
     assert not [str(e) for e in run.events if e.severity == "error"]
+
+
+@pytest.mark.parametrize("step", [30, 33])  # a sampled step, and one between samples
+def test_a_generators_bad_learning_rate_is_found_in_the_generator(step, tmp_path):
+    """The discriminator's optimizer steps first and marks the steps; the generator's
+    steps after it, and its update is measured and its weights read after it too.
+    Before, its update read as nothing, and the blow-up was found a step late in the
+    discriminator's input batch (blamed on the data). The step's learning rate is the
+    discriminator's, so the sentence does not quote it for the generator's layers."""
+    G, D = _gan()
+    with ndbg.watch({"G": G, "D": D}, report=False) as run:
+        _gan_loop(G, D, 45, bad_lr=("G", step))
+    first = run.first_failure
+    assert (first.step, first.kind) == (step, "exploding_update"), first
+    assert first.layer.startswith("G."), first
+    assert "learning rate" not in first.message, first.message
+    primary_lr = {i.name: i.primary_lr for i in run.trace.layers}
+    assert not primary_lr["G.0"] and primary_lr["D.0"]
+    loaded = ndbg.load(run.save(tmp_path / "gan.npz"))
+    assert loaded.trace.layers == run.trace.layers
+    assert loaded.reclassify().first_failure.message == first.message
+
+
+def test_the_generators_output_is_not_the_data():
+    """The discriminator's input is the generator's output (detached or not): the
+    generator's blow-up is the generator's, not a data anomaly. Before, the data came
+    first in the blame and took it."""
+    G, D = _gan()
+    with ndbg.watch({"G": G, "D": D}, report=False) as run:
+        _gan_loop(G, D, 45, bad_weight=33)
+    first = run.first_failure
+    assert (first.step, first.layer) == (33, "G.2"), first
+    assert not any(e.kind == "data_anomaly" for e in run.events)
+
+    G, D = _gan()  # the real batch still is the data
+    with ndbg.watch({"G": G, "D": D}, report=False) as run:
+        _gan_loop(G, D, 45, bad_real=33)
+    first = run.first_failure
+    assert (first.step, first.kind) == (33, "data_anomaly"), first
+
+
+def test_a_discriminators_bad_learning_rate_names_the_learning_rate():
+    G, D = _gan()
+    with ndbg.watch({"G": G, "D": D}, report=False) as run:
+        _gan_loop(G, D, 45, bad_lr=("D", 33))
+    first = run.first_failure
+    assert (first.step, first.kind) == (33, "exploding_update"), first
+    assert first.layer.startswith("D."), first
+    assert "the learning rate went 0.001 -> 100" in first.message, first.message
 
 
 def test_two_optimizers_gan_loop_without_a_model_argument():

@@ -73,8 +73,7 @@ class Detection:
             return []
         th = self.thresholds
         before = len(self._events)
-        names = [(info.name, f"{info.name} ({info.type})" if info.type else info.name)
-                 for info in trace.layers]
+        names = [(info.name, info.label) for info in trace.layers]
         for detector, need in DETECTORS:
             lo = max(trace.full_from, start - need(th))
             if detector is regime.findings:  # keeps its trailing baselines in the cache

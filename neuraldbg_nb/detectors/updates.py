@@ -39,6 +39,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     lr_at[1:] = lr[:-1]
     lr_prev[2:] = lr[:-2]
     first = lo
+    # the step's lr is the primary optimizer's: not said of layers another one trains
+    other_lr = {i.label for i in trace.layers if not i.primary_lr}
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         text = (f"{name}: weights changed by {v:.3g}x their size during step {s}"
@@ -48,6 +50,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
             return (f"{name}: weights changed by {v:.3g}x their size during step {s}, but the "
                     f"optimizer's update moved them only {p:.2g}x: they were changed "
                     f"outside the optimizer")
+        if name in other_lr:
+            return text
         if 0 <= row < n and lr_at[row] == lr_at[row] and lr_prev[row] == lr_prev[row] \
                 and lr_at[row] != lr_prev[row]:
             text += f"; the learning rate went {fmt(lr_prev[row])} -> {fmt(lr_at[row])}"
