@@ -699,7 +699,7 @@ def test_checkpointing_a_whole_model_records_its_recomputation():
 def _closure_run(setup, opt, *, closure: bool, fault: int | None = None,
                  keyword: bool = False):
     """`setup` trained with `opt.step(closure)` (forward and backward inside the step;
-    `keyword`: `step(closure=...)`, as Lightning calls it) or the usual way; the batch of
+    `keyword`: `step(closure=...)`) or the usual way; the batch of
     step `fault` is scaled by 1000."""
     model = setup.model
     with ndbg.watch(model, report=False) as run:
