@@ -371,7 +371,7 @@ class Probe:
         if self._root_depth == 0:
             if len(self._root_modules) > 1 and not self._eval_call:
                 out = first_tensor(output, floating=False)
-                if out is not None and out.layout == torch.strided:
+                if out is not None and _storage_at(out):
                     self._root_outs.append(out.detach())
             self._eval_call = False
 
@@ -491,10 +491,9 @@ class Probe:
             found = first_tensor(kwargs, floating=False)
         if found is None or found.numel() == 0 or found.is_complex():
             return
-        if (self._root_outs or self._prev_outs) and found.layout == torch.strided:
-            at = found.untyped_storage().data_ptr()
-            if any(o.untyped_storage().data_ptr() == at
-                   for o in (*self._root_outs, *self._prev_outs)):
+        if self._root_outs or self._prev_outs:
+            at = _storage_at(found)
+            if at and any(_storage_at(o) == at for o in (*self._root_outs, *self._prev_outs)):
                 return  # another watched model's output, or a view of it: not data
         batch = found.detach()
         self._inputs.append((stats.input_batch(batch, self._sampled, self._sc), batch.numel()))
@@ -855,6 +854,17 @@ class Probe:
         out["in_repeat"] = float(fingerprint == self._last_fingerprint and not flagged)
         self._last_fingerprint = fingerprint
         return out
+
+
+def _storage_at(t: torch.Tensor) -> int:
+    """The address of `t`'s memory, shared by its views and detached copies; 0 where it
+    has none to compare (sparse and jagged layouts, tensor subclasses without one)."""
+    if t.layout != torch.strided:
+        return 0
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage of its own: nothing to match
+        return 0
 
 
 def _layer_norms(v: np.ndarray, parts: list[tuple[list[int], list[int]]],
