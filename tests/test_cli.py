@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from models import mlp, module, train
@@ -100,6 +101,23 @@ def test_a_file_saved_without_events_is_judged_again_from_its_steps(tmp_path):
     tail = [_key(e) for e in run.events if e.step >= run.trace.full_from and e.end is None]
     assert set(tail) <= {_key(e) for e in loaded.events}
     assert loaded.overhead is None
+
+
+def test_a_file_saved_with_four_columns_of_layer_facts_still_loads(tmp_path):
+    """Files written before `LayerInfo.primary_lr` was saved: every layer's learning rate
+    is the step's."""
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, 5)
+    path = run.save(tmp_path / "old.npz")
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    assert arrays["layers"].shape[1] == 5
+    arrays["layers"] = arrays["layers"][:, :4]
+    np.savez_compressed(path, **arrays)
+    loaded = ndbg.load(path)
+    assert [i.name for i in loaded.trace.layers] == run.trace.layer_names
+    assert all(i.primary_lr for i in loaded.trace.layers)
 
 
 def test_demo_saves_a_run_that_show_tells_again(tmp_path, capsys):
