@@ -2,7 +2,9 @@
 
 A layer is a module with parameters of its own, or a leaf module (activations, pooling,
 norms), minus the ones whose output says nothing about health (dropout, identity,
-reshapes). Containers are not layers: their output is their last child's.
+reshapes). Containers are not layers: their output is their last child's. A child whose
+forward its parent never calls (attention's output projection) is part of its parent's
+layer (`borrowed`).
 """
 
 from __future__ import annotations
@@ -49,8 +51,33 @@ def is_nonnegative(module: nn.Module) -> bool:
     return bounds is not None and bounds[0] >= 0
 
 
+_BORROWED: dict[type[nn.Module], tuple[str, ...]] = {nn.MultiheadAttention: ("out_proj",)}
+"""Children whose forward the parent never calls: it passes their parameters to a
+functional call (`F.multi_head_attention_forward` takes `out_proj.weight`). Listed as
+layers of their own, they were rows without activations, numbered after every layer
+that runs."""
+
+
+def borrowed(module: nn.Module) -> list[nn.Module]:
+    """The children of `module` whose parameters it uses without calling them."""
+    for cls, names in _BORROWED.items():
+        if isinstance(module, cls):
+            return [c for n in names if isinstance(c := getattr(module, n, None), nn.Module)]
+    return []
+
+
+def own_named_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The parameters of the layer `module`: its own, and its borrowed children's (named
+    from it, e.g. "out_proj.weight")."""
+    params = list(module.named_parameters(recurse=False))
+    for child in borrowed(module):
+        prefix = next(n for n, c in module.named_children() if c is child)
+        params += [(f"{prefix}.{n}", p) for n, p in child.named_parameters()]
+    return params
+
+
 def own_params(module: nn.Module) -> list[nn.Parameter]:
-    return list(module.parameters(recurse=False))
+    return [p for _, p in own_named_params(module)]
 
 
 def is_layer(module: nn.Module) -> bool:
@@ -61,8 +88,14 @@ def is_layer(module: nn.Module) -> bool:
 
 
 def iter_layers(root: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:
-    """(qualified name, module) for each layer under root; a shared module appears once."""
+    """(qualified name, module) for each layer under root; a shared module appears once,
+    a borrowed one (`borrowed`) not at all."""
+    inside: set[int] = set()
     for name, module in root.named_modules(prefix=prefix.rstrip(".")):
+        if id(module) in inside:
+            continue
+        for child in borrowed(module):
+            inside.update(id(m) for m in child.modules())
         if is_layer(module):
             yield (name or type(module).__name__), module
 

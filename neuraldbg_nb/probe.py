@@ -28,7 +28,15 @@ from torch.utils.hooks import RemovableHandle
 
 from . import loss_tap, stats
 from .capture import is_reference_step
-from .layers import bounds_of, first_tensor, is_nonnegative, iter_layers, own_params, role_of
+from .layers import (
+    bounds_of,
+    first_tensor,
+    is_nonnegative,
+    iter_layers,
+    own_named_params,
+    own_params,
+    role_of,
+)
 from .selfcost import SelfCost
 from .trace import Trace
 
@@ -293,7 +301,7 @@ class Probe:
             c = self._cand[id(m)] = _Candidate(name, m, role_of(m), bounds_of(m),
                                                is_nonnegative(m), type(m) is nn.ReLU)
             new.append(c)
-            for pname, p in m.named_parameters(recurse=False):
+            for pname, p in own_named_params(m):
                 if id(p) not in seen:
                     seen.add(id(p))
                     self._owners.append((f"{name}.{pname}", p, id(m)))

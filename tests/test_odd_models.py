@@ -363,6 +363,30 @@ def test_sparse_outputs_and_inputs_are_read_through_their_stored_values(sample_e
 
 
 # -- integer inputs -----------------------------------------------------------------------
+def test_attentions_output_projection_is_part_of_the_attention_layer():
+    """`nn.MultiheadAttention` never calls its `out_proj`: it passes its weights to a
+    functional call. Listed alone it was a row without activations, numbered after every
+    layer that runs; its weights are now the attention layer's, and a fault in them is
+    found there."""
+    setup = transformer()
+    attention = "encoder.layers.0.self_attn"
+
+    def corrupt(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                model.get_submodule(attention).out_proj.weight.mul_(1000)
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS, on_step_start=corrupt)
+    names = run.trace.layer_names
+    assert not [n for n in names if "out_proj" in n], names
+    assert not np.isnan(run.trace.col("act_absmax")).all(axis=0).any(), "a row never ran"
+    first = run.first_failure
+    assert (first.step, first.layer) == (S, attention), first
+    tensors = run.inspect(first).tensors
+    assert "out_proj.weight" in tensors and "in_proj_weight" in tensors
+
+
 def test_integer_inputs_embeddings():
     setup = transformer()
     with ndbg.watch(setup.model, report=False) as run:
