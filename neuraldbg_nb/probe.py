@@ -202,6 +202,7 @@ class Probe:
         # the last output reduced, its version then, its min and max: see `_known`
         self._last: tuple[weakref.ref[torch.Tensor] | None, int, Any, Any] = (
             None, -1, math.nan, math.nan)
+        self._last_c: _Candidate | None = None  # the layer whose output `_last` is
         # with several models: their outputs of this step and the last, which are not data
         # where one feeds another (a GAN's generator its discriminator); held, so that
         # their memory is not a new batch's (see `_record_input`)
@@ -339,7 +340,7 @@ class Probe:
                     if id(p) in theirs and id(p) not in mine:
                         self._other_lr.add(mid)
                         if mid in self._index:
-                            self.trace.set_primary_lr(self._index[mid], False)
+                            self.trace.update_layer(self._index[mid], primary_lr=False)
         return known[1]
 
     # -- hooks ----------------------------------------------------------------------
@@ -377,6 +378,8 @@ class Probe:
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
         self._root_depth = max(0, self._root_depth - 1)
         if self._root_depth == 0:
+            if not self._eval_call:
+                self._model_output(output)
             if len(self._root_modules) > 1 and not self._eval_call:
                 out = first_tensor(output, floating=False)
                 if out is not None and _storage_at(out):
@@ -438,6 +441,7 @@ class Probe:
         self._c_mx.append(mx)
         if type(output) is torch.Tensor and not output.is_inference():  # no version there
             self._last = (weakref.ref(output), output._version, *last)
+            self._last_c = c
         if self._sampled:
             t0 = _clock()
             finite = host and math.isfinite(mn) and math.isfinite(mx)
@@ -455,6 +459,18 @@ class Probe:
                            or not host or self._unusual(idx, mn, mx)):
             self._refs[idx] = (x, y)  # the capture store detaches them
         self._hook_s += _clock() - t_in
+
+    def _model_output(self, output: object) -> None:
+        """A bounded activation whose output is the model's (a classifier's final
+        sigmoid) is not judged for saturation: a confident model's output is at its bounds
+        by design. It was a warning on healthy binary classifiers. Its role becomes
+        "other" (the detectors read roles from the trace), from the first call on."""
+        ref, c = self._last[0], self._last_c
+        if c is None or c.role != "bounded" or ref is None:
+            return
+        if ref() is (output if type(output) is torch.Tensor else first_tensor(output)):
+            c.role, c.bounds = "other", None
+            self.trace.update_layer(self._layer(id(c.module)), role="other")
 
     def _known(self, t: torch.Tensor, bumps: int) -> tuple[Any, Any] | None:
         """(min, max) of `t` (floats on the host, else device tensors) where it is the
@@ -579,6 +595,7 @@ class Probe:
         self._d_mn: list[torch.Tensor] = []
         self._d_mx: list[torch.Tensor] = []
         self._last = (None, -1, math.nan, math.nan)
+        self._last_c = None
         self._rich: list[tuple[int, ...]] = []  # layer, numel, rich_activation's positions
         self._rich_rows: list[tuple[int, int, tuple[Any, ...], int]] = []  # idx, numel, group, row
         self._batch_rows.clear()

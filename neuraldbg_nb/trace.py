@@ -115,10 +115,12 @@ class Trace:
                 cols[c] = grown
         return self._index[name]
 
-    def set_primary_lr(self, index: int, value: bool) -> None:
-        """Say whether the step's `lr` is layer `index`'s learning rate (`LayerInfo`)."""
-        if self.layers[index].primary_lr != value:
-            self.layers[index] = replace(self.layers[index], primary_lr=value)
+    def update_layer(self, index: int, **changes: Any) -> None:
+        """What the run learned of layer `index` after adding it (`LayerInfo`'s fields:
+        that another optimizer trains it, that its output is the model's)."""
+        info = replace(self.layers[index], **changes)
+        if info != self.layers[index]:
+            self.layers[index] = info
             self._version += 1
 
     def layer_index(self, name: str) -> int:

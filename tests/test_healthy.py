@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from models import FACTORIES, train
+from torch import nn
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.watcher import ScanSchedule
@@ -84,3 +86,48 @@ def test_a_pause_between_steps_does_not_make_every_step_scan():
     assert before >= 80  # 3 ms in batches of BUDGET (0.1%) of 35 ms steps
     # counted as a step, the pause made the average 0.5 s and the batches one step long
     assert schedule.interval >= 0.8 * before
+
+
+def _binary(hidden: nn.Module):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4096, 20, generator=gen)
+    y = (x @ torch.randn(20, generator=gen) > 0).float()[:, None]
+    model = nn.Sequential(nn.Linear(20, 64), hidden, nn.Linear(64, 1), nn.Sigmoid())
+    return model, x, y
+
+
+def _train_binary(model, x, y, steps: int, on_step_start=None):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(steps):
+        if on_step_start is not None:
+            on_step_start(step)
+        i = (step * 64) % len(x)
+        opt.zero_grad()
+        F.binary_cross_entropy(model(x[i:i + 64]), y[i:i + 64]).backward()
+        opt.step()
+
+
+def test_a_confident_classifiers_output_sigmoid_is_not_saturated():
+    """The final sigmoid of a binary classifier that learned is at its bounds by design;
+    judged for saturation like a hidden one, it gave a warning on healthy runs. A hidden
+    bounded activation driven into saturation is still found, at its layer and step."""
+    model, x, y = _binary(nn.ReLU())
+    with ndbg.watch(model, report=False) as run:
+        _train_binary(model, x, y, 400)
+    assert ((model(x) > 0.5).float() == y).float().mean() > 0.97, "it learned"
+    assert not [str(e) for e in run.events if e.severity != "info"]
+    assert run.trace.layers[3].role == "other"
+
+    model, x, y = _binary(nn.Tanh())
+
+    def saturate(step):
+        if step == 150:
+            with torch.no_grad():
+                model[0].weight.mul_(50)
+
+    with ndbg.watch(model, report=False) as run:
+        _train_binary(model, x, y, 200, on_step_start=saturate)
+    found = [(e.step, e.layer) for e in run.events if e.kind == "saturation"]
+    assert found and found[0] == (150, "1"), found
+    assert run.trace.layers[1].role == "bounded"
