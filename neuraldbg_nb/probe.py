@@ -468,7 +468,8 @@ class Probe:
         ref, c = self._last[0], self._last_c
         if c is None or c.role != "bounded" or ref is None:
             return
-        if ref() is (output if type(output) is torch.Tensor else first_tensor(output)):
+        out = output if type(output) is torch.Tensor else first_tensor(output)
+        if out is not None and ref() is out:
             c.role, c.bounds = "other", None
             self.trace.update_layer(self._layer(id(c.module)), role="other")
 

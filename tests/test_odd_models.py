@@ -185,6 +185,32 @@ def test_module_returning_none_is_harmless():
     _no_errors(run)
 
 
+class TrainsInside(nn.Module):
+    """A model that runs its own backward and returns None: its last layer, a sigmoid,
+    is not the model's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x: torch.Tensor) -> None:
+        self.gate(self.fc(x)).square().mean().backward()
+
+
+def test_a_model_returning_none_keeps_its_last_sigmoid_judged_for_saturation():
+    model = TrainsInside()
+    x, _ = _batches()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(5):
+            opt.zero_grad()
+            model(x[step])
+            opt.step()
+    assert [(i.name, i.role) for i in run.trace.layers] == [("fc", "other"),
+                                                           ("gate", "bounded")]
+
+
 def _eval_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 16),
