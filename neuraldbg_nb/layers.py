@@ -2,9 +2,9 @@
 
 A layer is a module with parameters of its own, or a leaf module (activations, pooling,
 norms), minus the ones whose output says nothing about health (dropout, identity,
-reshapes). Containers are not layers: their output is their last child's. A child whose
-forward its parent never calls (attention's output projection) is part of its parent's
-layer (`borrowed`).
+reshapes). Containers are not layers: their output is their last child's. Children that
+only hold or compute their parent's weights (attention's output projection, the
+parametrizations of `spectral_norm` and `weight_norm`) are part of its layer (`borrowed`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 _SKIP = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
          nn.FeatureAlphaDropout, nn.Identity, nn.Flatten, nn.Unflatten)
@@ -59,11 +60,18 @@ that runs."""
 
 
 def borrowed(module: nn.Module) -> list[nn.Module]:
-    """The children of `module` whose parameters it uses without calling them."""
+    """The children of `module` that are part of its layer: those whose parameters it
+    uses without calling them (`_BORROWED`), and its parametrizations (`spectral_norm`,
+    `weight_norm`), which compute its weight from parameters of their own. Listed as
+    layers, a parametrization's "output" was the weight, and a fault in a parametrized
+    weight was named after the parametrization, not after its layer."""
+    held = getattr(module, "parametrizations", None) if parametrize.is_parametrized(module) \
+        else None
+    found: list[nn.Module] = [held] if isinstance(held, nn.Module) else []
     for cls, names in _BORROWED.items():
         if isinstance(module, cls):
-            return [c for n in names if isinstance(c := getattr(module, n, None), nn.Module)]
-    return []
+            found += [c for n in names if isinstance(c := getattr(module, n, None), nn.Module)]
+    return found
 
 
 def own_named_params(module: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -413,6 +413,31 @@ def test_attentions_output_projection_is_part_of_the_attention_layer():
     assert "out_proj.weight" in tensors and "in_proj_weight" in tensors
 
 
+def test_parametrized_weights_are_part_of_their_layer():
+    """`spectral_norm` and `weight_norm` compute a layer's weight in modules of their own,
+    called when the weight is read. Listed as layers, their "output" was the weight and
+    the layer's gradient norm left it out; a NaN put into a parametrized weight was
+    named after the parametrization. Now it is the layer's, found at its step."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    model = nn.Sequential(parametrizations.spectral_norm(nn.Linear(6, 16)), nn.ReLU(),
+                          parametrizations.weight_norm(nn.Linear(16, 2)))
+
+    def corrupt(step, m, opt):
+        if step == S:
+            with torch.no_grad():
+                m[0].parametrizations.weight.original[0, 0] = math.nan
+
+    with ndbg.watch(model, report=False) as run:
+        _loop(model, STEPS, on_step_start=corrupt)
+    assert run.trace.layer_names == ["0", "1", "2"]
+    assert np.isfinite(run.trace.col("grad_norm")[:S][:, [0, 2]]).all()
+    first = run.first_failure
+    assert (first.step, first.layer) == (S, "0"), first
+    assert "parametrizations.weight.original" in run.inspect(first).tensors
+
+
 def test_integer_inputs_embeddings():
     setup = transformer()
     with ndbg.watch(setup.model, report=False) as run:
