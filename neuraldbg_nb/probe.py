@@ -215,6 +215,9 @@ class Probe:
         self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
             weakref.WeakKeyDictionary()  # other optimizers: do they train watched weights?
         self._other_lr: set[int] = set()  # modules whose weights another optimizer trains
+        # steps of other optimizers since the primary's last one (see `_takes_over`)
+        self._in_a_row: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
+            weakref.WeakKeyDictionary()
         self._before: stats.Stacks | None = None  # the weight probe before a sampled update
         self._last_fingerprint: tuple[float, ...] | None = None
         for prefix, root in roots or []:
@@ -323,6 +326,26 @@ class Probe:
             return not self._given
         mine = {id(p) for _, p, _ in self._owners}
         return any(id(p) in mine for g in opt.param_groups for p in g["params"])
+
+    def _takes_over(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether `opt`, not the primary optimizer, marks the steps from now on: it
+        trains watched weights and steps a second time without the primary stepping in
+        between (a second model trained after the first in the same block, while the
+        first one's optimizer still exists). A GAN's generator steps once per
+        discriminator step, and a critic's extra steps take over from a generator that
+        stepped first. Before, the second model's steps were never closed: its training
+        was not recorded, and the probe's per-step lists grew with it."""
+        if not self._trains_watched(opt):
+            return False
+        self._in_a_row[opt] = self._in_a_row.get(opt, 0) + 1
+        if self._in_a_row[opt] < 2:
+            return False
+        self._primary = weakref.ref(opt)
+        self._others = weakref.WeakKeyDictionary()  # judged again against the new one
+        self._other_lr.clear()
+        for i in range(self.trace.n_layers):
+            self.trace.update_layer(i, primary_lr=True)
+        return True
 
     def _trains_watched(self, opt: torch.optim.Optimizer) -> bool:
         """Whether an optimizer other than the primary one updates watched weights;
@@ -539,7 +562,10 @@ class Probe:
                 return
             self._primary = weakref.ref(opt)
             primary = opt
+        elif primary is not opt and self._takes_over(opt):
+            primary = opt
         if primary is opt:
+            self._in_a_row.clear()
             self.steps_seen += 1
             self._before_update()
             # a closure runs the step's forward and backward inside the step: it closes

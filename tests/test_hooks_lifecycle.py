@@ -304,6 +304,40 @@ def test_a_discriminators_bad_learning_rate_names_the_learning_rate():
     assert "the learning rate went 0.001 -> 100" in first.message, first.message
 
 
+@pytest.mark.parametrize("given", [False, True])
+def test_a_second_model_trained_after_the_first_is_recorded(given):
+    """Two models trained one after the other in one block, each with its optimizer (the
+    first one's still exists): the second's optimizer takes over the steps at its second
+    step. Before, its steps were never closed, and its fault was not found."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(64, 10, generator=gen), torch.randint(0, 4, (64,), generator=gen)
+    first = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
+    second = nn.Sequential(nn.Linear(10, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt_first = torch.optim.SGD(first.parameters(), lr=0.05)
+    opt_second = torch.optim.SGD(second.parameters(), lr=0.05)
+    w = ndbg.watch({"a": first, "b": second}, report=False) if given else \
+        ndbg.watch(report=False)
+    with w as run:
+        for _ in range(40):
+            opt_first.zero_grad()
+            F.cross_entropy(first(x), y).backward()
+            opt_first.step()
+        for step in range(40):
+            if step == 25:
+                with torch.no_grad():
+                    second[2].weight.mul_(1000)
+            opt_second.zero_grad()
+            F.cross_entropy(second(x), y).backward()
+            opt_second.step()
+    # the second model's first step is recorded with its second: 40 + 39 steps
+    assert run.trace.n_steps == 79
+    failure = run.first_failure
+    assert failure.step == 40 + 24, failure
+    assert failure.layer == ("b.2" if given else "Sequential1.2"), failure
+    assert all(i.primary_lr for i in run.trace.layers)
+
+
 def test_two_optimizers_gan_loop_without_a_model_argument():
     G, D = _gan()
     with ndbg.watch(report=False) as run:
