@@ -539,7 +539,9 @@ class Probe:
             found = first_tensor(kwargs, floating=False)
         if found is None or found.numel() == 0 or found.is_complex():
             return
-        if self._root_outs or self._prev_outs:
+        if len(self._root_modules) > 1:  # is it another watched model's output?
+            if found.requires_grad:  # computed from one (WGAN-GP's interpolates), or made
+                return  # to take gradients: with several models, not the data
             at = _storage_at(found)
             if at and any(_storage_at(o) == at for o in (*self._root_outs, *self._prev_outs)):
                 return  # another watched model's output, or a view of it: not data

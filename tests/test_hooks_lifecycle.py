@@ -294,6 +294,42 @@ def test_the_generators_output_is_not_the_data():
     assert (first.step, first.kind) == (33, "data_anomaly"), first
 
 
+@pytest.mark.parametrize("fault", ["generator", "real batch"])
+def test_a_gradient_penalty_gan_blames_the_generator_or_the_data(fault):
+    """WGAN-GP: the critic also reads interpolates of real and generated samples, made to
+    take gradients (`requires_grad_`). With several models, such an input is not the
+    data: a generator blow-up was blamed on the input batch through them."""
+    G, D = _gan()
+    opt_g = torch.optim.Adam(G.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    opt_d = torch.optim.Adam(D.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    gen = torch.Generator().manual_seed(7)
+    with ndbg.watch({"G": G, "D": D}, report=False) as run:
+        for step in range(45):
+            if step == 33 and fault == "generator":
+                with torch.no_grad():
+                    G[2].weight.mul_(1e4)
+            real = torch.randn(32, 2, generator=gen) * 0.5 + torch.tensor([2.0, -1.0])
+            if step == 33 and fault == "real batch":
+                real = real * 1000
+            z = torch.randn(32, 4, generator=gen)
+            fake = G(z).detach()
+            eps = torch.rand(32, 1, generator=gen)
+            mix = (eps * real + (1 - eps) * fake).requires_grad_(True)
+            (grad,) = torch.autograd.grad(D(mix).sum(), mix, create_graph=True)
+            penalty = ((grad.norm(dim=1) - 1) ** 2).mean()
+            opt_d.zero_grad()
+            (D(fake).mean() - D(real).mean() + 10 * penalty).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-D(G(z)).mean()).backward()
+            opt_g.step()
+    first = run.first_failure
+    if fault == "generator":
+        assert (first.step, first.layer) == (33, "G.2"), first
+    else:
+        assert (first.step, first.kind) == (33, "data_anomaly"), first
+
+
 def test_a_discriminators_bad_learning_rate_names_the_learning_rate():
     G, D = _gan()
     with ndbg.watch({"G": G, "D": D}, report=False) as run:
