@@ -8,6 +8,7 @@ belong to step s. Every fault is injected at step S=40, well after the regime-sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -73,6 +74,23 @@ def lr_x1e4(setup: Setup, layer: str | None) -> dict:
     return {"before_update": raise_lr, "after_update": restore}
 
 
+def loss_inf(setup: Setup, layer: str | None) -> dict:
+    """A bug in the loss at step S (a log of a probability that underflowed to 0): the
+    loss is infinite, the gradients and then the update non-finite, all in that step."""
+    now = {"step": -1}
+    real = setup.loss_fn
+
+    def loss_fn(out, y):
+        loss = real(out, y)
+        return loss * math.inf if now["step"] == S else loss
+
+    def hit(step, model, opt):
+        now["step"] = step
+
+    setup.loss_fn = loss_fn
+    return {"on_step_start": hit}
+
+
 Fault = Callable[[Setup, str | None], dict]
 
 # (architecture, fault, role of the faulty layer in Setup.layers or None, expected layer
@@ -84,6 +102,7 @@ CASES: list[tuple[str, Fault, str | None, str | None, str | None]] = [
     ("mlp", nan_input, None, None, "data_anomaly"),
     ("mlp", input_x1e4, None, None, "data_anomaly"),
     ("mlp", lr_x1e4, None, "first", "exploding_update"),
+    ("mlp", loss_inf, None, None, "loss_nonfinite"),
     ("cnn", weight_x1000, "mid", "mid", "regime_shift"),
     ("cnn", bias_1e4, "mid", "mid", "regime_shift"),   # conv bias before BatchNorm
     ("cnn", nan_weight, "mid", "mid", "nonfinite_activation"),
@@ -104,6 +123,7 @@ CASES: list[tuple[str, Fault, str | None, str | None, str | None]] = [
     ("transformer", bias_1e4, "bias", "bias", "regime_shift"),
     ("transformer", nan_weight, "nan", "nan", "nonfinite_activation"),
     ("transformer", lr_x1e4, None, "first", "exploding_update"),
+    ("transformer", loss_inf, None, None, "loss_nonfinite"),
 ]
 
 

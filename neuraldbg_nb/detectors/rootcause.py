@@ -2,10 +2,12 @@
 
 At the step where things first went wrong, blame in this order (DESIGN.md): the data;
 then the first layer in forward order whose activations went non-finite, jumped, or died;
-then the optimizer's update; then the loss; and only then the gradients (exploding: the
+then the loss; then the optimizer's update; and only then the gradients (exploding: the
 layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
-deepest layer, where backward starts).
+deepest layer, where backward starts). The loss comes before the update because a step
+computes it first: a loss that is infinite at a step makes that step's update
+non-finite, and an update's effect on the loss shows only at the next step.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ def _rank(e: Event) -> int:
         return 0
     if e.kind in _ACTIVATION and e.signal == "activation":
         return 1
-    if e.kind == "exploding_update":
-        return 2
     if e.kind.startswith("loss_"):
+        return 2
+    if e.kind == "exploding_update":
         return 3
     return 4
 
