@@ -403,8 +403,8 @@ class Probe:
         if self._root_depth == 0:
             if not self._eval_call:
                 self._model_output(output)
-            if len(self._root_modules) > 1 and not self._eval_call:
-                out = first_tensor(output, floating=False)
+                out = first_tensor(output, floating=False) if len(self._root_modules) > 1 \
+                    else None
                 if out is not None and _storage_at(out):
                     self._root_outs.append(out.detach())
             self._eval_call = False
@@ -494,7 +494,7 @@ class Probe:
         out = output if type(output) is torch.Tensor else first_tensor(output)
         if out is not None and ref() is out:
             c.role, c.bounds = "other", None
-            self.trace.update_layer(self._layer(id(c.module)), role="other")
+            self.trace.update_layer(c.index, role="other")  # numbered by its hook
 
     def _known(self, t: torch.Tensor, bumps: int) -> tuple[Any, Any] | None:
         """(min, max) of `t` (floats on the host, else device tensors) where it is the
@@ -567,7 +567,8 @@ class Probe:
         elif primary is not opt and self._takes_over(opt):
             primary = opt
         if primary is opt:
-            self._in_a_row.clear()
+            if self._in_a_row:
+                self._in_a_row.clear()
             self.steps_seen += 1
             self._before_update()
             # a closure runs the step's forward and backward inside the step: it closes

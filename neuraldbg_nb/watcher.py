@@ -55,6 +55,12 @@ def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
     return [(f"{name}.", m) for name, m in items]
 
 
+EVAL_ONLY_NOTE = ("every forward of the model ran with gradients off (torch.no_grad() or "
+                  "torch.inference_mode()), so no activations were recorded: neuraldbg "
+                  "records the forwards that train, and leaves evaluation passes out.")
+"""Said once per run (a watch entered again does not repeat it)."""
+
+
 class Watch:
     """Re-enterable: a second `with` on the same Watch continues the same run."""
 
@@ -122,11 +128,8 @@ class Watch:
                              "gradients, weights, the loss and the input batch are.")
         probe = self._probe
         if probe.eval_seen and self._activations and not probe.activations_seen \
-                and not any("gradients off" in n for n in run.notes):
-            run.notes.append("every forward of the model ran with gradients off "
-                             "(torch.no_grad() or torch.inference_mode()), so no "
-                             "activations were recorded: neuraldbg records the forwards "
-                             "that train, and leaves evaluation passes out.")
+                and EVAL_ONLY_NOTE not in run.notes:
+            run.notes.append(EVAL_ONLY_NOTE)
         if exc_type is None:
             run.status = "finished"
         elif issubclass(exc_type, TrainingFailure):
