@@ -22,6 +22,7 @@ class Kind(str, enum.Enum):
     LOSS_NONFINITE = "loss_nonfinite"
     LOSS_DIVERGENCE = "loss_divergence"
     LR_CHANGE = "lr_change"
+    EVAL_MODE = "eval_mode"
     RECOVERY = "recovery"
 
     def __str__(self) -> str:

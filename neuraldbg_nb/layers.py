@@ -52,6 +52,22 @@ def is_nonnegative(module: nn.Module) -> bool:
     return bounds is not None and bounds[0] >= 0
 
 
+def acts_by_mode(module: nn.Module) -> bool:
+    """Does `module` compute differently in training and in evaluation mode? Dropout
+    (off in eval), BatchNorm and InstanceNorm that keep running statistics (eval mode
+    normalises with them instead of the batch's, and stops updating them), and layers
+    with a dropout of their own (attention, stacked RNNs). A model of none of them trains
+    the same in either mode."""
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return module.p > 0
+    if isinstance(module, (nn.modules.batchnorm._BatchNorm,
+                           nn.modules.instancenorm._InstanceNorm)):
+        return module.track_running_stats
+    if isinstance(module, (nn.MultiheadAttention, nn.RNNBase)):
+        return module.dropout > 0
+    return False
+
+
 _BORROWED: dict[type[nn.Module], tuple[str, ...]] = {nn.MultiheadAttention: ("out_proj",)}
 """Children whose forward the parent never calls: it passes their parameters to a
 functional call (`F.multi_head_attention_forward` takes `out_proj.weight`). Listed as

@@ -29,6 +29,7 @@ from torch.utils.hooks import RemovableHandle
 from . import loss_tap, stats
 from .capture import is_reference_step
 from .layers import (
+    acts_by_mode,
     bounds_of,
     first_tensor,
     is_nonnegative,
@@ -178,6 +179,8 @@ class Probe:
         self._unsubscribe: Callable[[], None] | None = None
         self._roots: set[int] = set()
         self._root_modules: list[nn.Module] = []
+        # each root (its module, compiled or not) with its layers that act by mode
+        self._modal: list[tuple[nn.Module, list[nn.Module]]] = []
         self._cand: dict[int, _Candidate] = {}
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
@@ -297,6 +300,7 @@ class Probe:
         inner = getattr(root, "_orig_mod", None)  # torch.compile's OptimizedModule
         if isinstance(inner, nn.Module):
             root = inner
+        self._modal.append((root, [m for m in root.modules() if acts_by_mode(m)]))
         seen = {id(p) for _, p, _ in self._owners}
         new = []
         for name, m in iter_layers(root, prefix):
@@ -554,7 +558,23 @@ class Probe:
     def _on_backward(self, root: torch.Tensor) -> None:
         t0 = _clock()
         self._losses.append(self._sc.add(root.detach()))
+        self._eval_layers = max(self._eval_layers, self._layers_in_eval())
         self._other_s += _clock() - t0
+
+    def _layers_in_eval(self) -> int:
+        """Layers that act by mode (`acts_by_mode`: dropout, BatchNorm) found in eval mode
+        as a backward starts, in the watched models that have weights to train and are in
+        eval mode themselves: a model left in `model.eval()` after an evaluation trains
+        without dropout, and its BatchNorm normalises with running statistics it no longer
+        updates. Not counted: a layer put in eval mode on purpose inside a model in
+        training mode (BatchNorm frozen while fine-tuning), a frozen model kept in eval
+        mode (a teacher, a perceptual loss network). One attribute read per model when
+        all is well."""
+        n = 0
+        for root, modal in self._modal:
+            if modal and not root.training and any(p.requires_grad for p in root.parameters()):
+                n += sum(not m.training for m in modal)
+        return n
 
     @_guarded
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -633,6 +653,7 @@ class Probe:
         self._losses: list[int] = []
         self._logged: list[int] = []
         self._logged_host: list[float] = []
+        self._eval_layers = -1  # `_layers_in_eval` at the step's backwards; -1: none heard
         self._refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._batch = None
         self._prev_outs, self._root_outs = self._root_outs, []
@@ -725,7 +746,8 @@ class Probe:
         self._pending_post = self._pending_update = None
 
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
-                   "loss": self._loss(v), "sampled": float(self._sampled)}
+                   "loss": self._loss(v), "sampled": float(self._sampled),
+                   "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan}
         scalars.update(self._input_scalars(v))
         self.trace.append(row, scalars)
 

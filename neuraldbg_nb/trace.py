@@ -39,8 +39,11 @@ STEP_COLUMNS: tuple[str, ...] = (
     "loss", "lr",
     "in_absmax", "in_mean", "in_std", "in_zero_frac", "in_nonfinite", "in_const", "in_repeat",
     "sampled",
+    "eval_layers",  # dropout/BatchNorm layers of a model in eval mode as the backward
+                    # starts (0: training mode; see `Probe._layers_in_eval`)
 )
-"""Per step scalars: the loss, the learning rate, the watched model's input batch."""
+"""Per step scalars: the loss, the learning rate, the watched model's input batch, the
+models' mode."""
 
 ROLES = ("relu", "bounded", "other")
 """Layer roles that make activation rules type-aware: dead units only mean something
@@ -353,13 +356,15 @@ class Trace:
                 t._grow()
             for c in LAYER_COLUMNS:
                 t._layer_cols[c][:n] = z[f"layer__{c}"]
-            for c in STEP_COLUMNS:
-                t._step_cols[c][:n] = z[f"step__{c}"]
+            for c in STEP_COLUMNS:  # a column newer than the file stays NaN (not measured)
+                if f"step__{c}" in z:
+                    t._step_cols[c][:n] = z[f"step__{c}"]
             t._rows = n
             t._version += 1
             if "h_steps" in z:
                 t._off = int(z["offset"][0])
                 t._h_steps = z["h_steps"]
                 t._h_layer = {c: z[f"hlayer__{c}"] for c in LAYER_COLUMNS}
-                t._h_step = {c: z[f"hstep__{c}"] for c in STEP_COLUMNS}
+                t._h_step = {c: z[f"hstep__{c}"] if f"hstep__{c}" in z else
+                             np.full(len(t._h_steps), np.nan) for c in STEP_COLUMNS}
         return t

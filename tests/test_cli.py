@@ -120,6 +120,21 @@ def test_a_file_saved_with_four_columns_of_layer_facts_still_loads(tmp_path):
     assert all(i.primary_lr for i in loaded.trace.layers)
 
 
+def test_a_file_saved_before_the_eval_mode_column_still_loads(tmp_path):
+    """Files written before `eval_layers` was recorded: it is not measured there (NaN),
+    and no event of it is made up."""
+    run = _compacted_run()
+    path = run.save(tmp_path / "old.npz")
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if not k.endswith("__eval_layers")}
+    assert "h_steps" in arrays, "a compacted run: its history columns are read too"
+    np.savez_compressed(path, **arrays)
+    loaded = ndbg.load(path)
+    assert np.isnan(loaded.trace.history("eval_layers")[1]).all()
+    assert loaded.trace.n_steps == run.trace.n_steps
+    assert not [e for e in loaded.reclassify().events if e.kind == "eval_mode"]
+
+
 def test_demo_saves_a_run_that_show_tells_again(tmp_path, capsys):
     path = tmp_path / "demo.npz"
     assert cli.main(["demo", "weight-blowup", "--save", str(path)]) == 0

@@ -337,10 +337,13 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     in_absmax[33] = 3e4                             # a shifted batch at 33
     in_nonfinite = np.zeros(n)
     in_nonfinite[110] = 4.0                         # a batch with NaNs at 110
+    eval_layers = np.zeros(n)
+    eval_layers[15:22] = 2.0                        # trained in eval mode 15..21
+    eval_layers[18] = np.nan                        # (a step without a backward)
     cols = {"grad_norm": g, "act_absmax": a, "param_norm": pn, "update_ratio": upd,
             "dead_frac": dead, "sat_frac": sat}
     scalars = {"loss": loss, "lr": lr, "in_absmax": in_absmax, "in_nonfinite": in_nonfinite,
-               "in_const": np.zeros(n), "in_repeat": np.zeros(n)}
+               "in_const": np.zeros(n), "in_repeat": np.zeros(n), "eval_layers": eval_layers}
     return layers, cols, scalars
 
 
@@ -375,7 +378,8 @@ def test_incremental_detection_equals_detect_in_one_go(chunk):
     kinds = {e.kind for e in events}
     for k in ("vanishing_gradient", "exploding_gradient", "nonfinite_gradient",
               "nonfinite_activation", "regime_shift", "dead_units", "saturation",
-              "exploding_update", "data_anomaly", "loss_divergence", "lr_change"):
+              "exploding_update", "data_anomaly", "loss_divergence", "lr_change",
+              "eval_mode"):
         assert k in kinds, f"the test trace should produce {k}; got {sorted(kinds)}"
     t, det, streamed = _live(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
@@ -552,3 +556,23 @@ def test_last_healthy_rows_match_a_brute_force_search():
             want = [max([r for r in range(n) if codes[r, j] == OK
                          and not np.isnan(values[r, j])], default=-1) for j in cols]
             assert last_ok_rows(codes, values, cols).tolist() == want
+
+
+def test_training_in_eval_mode_is_one_warning_from_its_first_step_to_model_train():
+    """The count of dropout/BatchNorm layers in eval mode as backwards start: a warning
+    at the first step it is above 0 (no patience: the mode is a fact, not a noisy
+    reading), held over a step without a backward (NaN), ended by training mode."""
+    eval_layers = np.zeros(N)
+    eval_layers[20:35] = 3.0
+    eval_layers[25] = np.nan
+    t = build([("fc", "other")], {"grad_norm": noisy(0.1)}, {"eval_layers": eval_layers})
+    _, events = detect(t)
+    (warned,) = of(events, "eval_mode")
+    assert (warned.step, warned.layer, warned.severity, warned.end) == (20, None, "warning", 35)
+    assert warned.value == 3.0
+    assert "3 dropout/BatchNorm layers" in warned.message and "model.train()" in warned.message
+    (back,) = [e for e in of(events, "recovery") if e.step == 35]
+    assert "back in training mode" in back.message
+    assert first_failure(events, ndbg.Thresholds()) is None, "a warning, not a failure"
+    quiet = build([("fc", "other")], {"grad_norm": noisy(0.1)}, {"eval_layers": np.zeros(N)})
+    assert not of(detect(quiet)[1], "eval_mode")

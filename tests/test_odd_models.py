@@ -267,6 +267,87 @@ def test_a_block_that_only_evaluates_says_why_no_activations_were_recorded():
     assert "gradients off" in note and "no activations were recorded" in note
 
 
+def _dropout_bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.2),
+                         nn.Linear(16, 2))
+
+
+def _validate_and_forget_train(at: int, back: int | None = None):
+    """An evaluation at step `at` that leaves the model in eval mode (no `model.train()`
+    after it); `model.train()` again at step `back`."""
+    x, _ = _batches(1)
+
+    def hook(step, m, opt):
+        if step == at:
+            m.eval()
+            with torch.no_grad():
+                m(x[0])
+        if step == back:
+            m.train()
+    return hook
+
+
+def test_a_model_left_in_eval_mode_after_an_evaluation_is_a_warning_from_that_step():
+    """The commonest quiet bug in a notebook: evaluate, forget `model.train()`, train on
+    without dropout and with BatchNorm frozen on its running statistics. One warning at
+    the first step trained so, ended when `model.train()` comes back; no error, and the
+    training is the same with and without the watch."""
+    model = _dropout_bn_model()
+    with ndbg.watch(model, report=False) as run:
+        losses = _loop(model, STEPS, on_step_start=_validate_and_forget_train(12, 30))
+    assert torch.equal(torch.stack(losses), torch.stack(
+        _loop(_dropout_bn_model(), STEPS, on_step_start=_validate_and_forget_train(12, 30))))
+    (warned,) = [e for e in run.events if e.kind == "eval_mode"]
+    assert (warned.step, warned.layer, warned.severity, warned.end) == (12, None, "warning", 30)
+    assert "2 dropout/BatchNorm layers" in warned.message, warned.message
+    assert any(e.kind == "recovery" and e.step == 30 for e in run.events)
+    eval_layers = run.trace.scalar("eval_layers")
+    assert (eval_layers[:12] == 0).all() and (eval_layers[12:30] == 2).all() \
+        and (eval_layers[30:] == 0).all()
+    _no_errors(run)
+    assert "eval mode" in str(run)
+
+
+def test_training_mode_deliberately_frozen_layers_and_models_without_them_are_quiet():
+    """Not flagged: evaluations that call `model.train()` after them; BatchNorm put in
+    eval mode on purpose inside a model in training mode (fine-tuning); a model in eval
+    mode that has no layer acting by mode (it trains the same either way)."""
+    def freeze_bn(step, m, opt):
+        if step == 0:
+            m[1].eval()
+
+    plain = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+    for model, hook in [(_dropout_bn_model(), _validate_and_forget_train(12, back=12)),
+                        (_dropout_bn_model(), freeze_bn), (plain, None)]:
+        with ndbg.watch(model, report=False) as run:
+            _loop(model, 24, on_step_start=hook)
+        assert not [e for e in run.events if e.kind == "eval_mode"], model
+        assert (run.trace.scalar("eval_layers") == 0).all()
+
+
+def test_a_frozen_teacher_in_eval_mode_is_not_flagged():
+    """A frozen model kept in eval mode on purpose and called with gradients on (a
+    teacher whose outputs the student's loss backpropagates through, a perceptual loss
+    network): `watch()` without a model finds it, and it is not training in eval mode."""
+    torch.manual_seed(1)
+    teacher = nn.Sequential(nn.Linear(2, 16), nn.Dropout(0.3), nn.Linear(16, 2)).eval()
+    teacher.requires_grad_(False)
+    student = _dropout_bn_model()
+    x, y = _batches()
+    opt = torch.optim.SGD(student.parameters(), lr=0.05)
+    with ndbg.watch(report=False) as run:
+        for step in range(20):
+            opt.zero_grad()
+            logits = student(x[step])
+            (F.cross_entropy(logits, y[step]) + teacher(logits).square().mean()).backward()
+            opt.step()
+    assert any(name.startswith("Sequential1.") for name in run.trace.layer_names), \
+        "the teacher is watched"
+    assert not [e for e in run.events if e.kind == "eval_mode"]
+    assert (run.trace.scalar("eval_layers") == 0).all()
+
+
 class FrozenBackbone(nn.Module):
     """Transfer learning: a frozen backbone run under no_grad inside the forward, then a
     head that trains."""
