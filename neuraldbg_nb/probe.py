@@ -181,6 +181,7 @@ class Probe:
         self._root_modules: list[nn.Module] = []
         # each root (its module, compiled or not) with its layers that act by mode
         self._modal: list[tuple[nn.Module, list[nn.Module]]] = []
+        self._eval_layers = -1  # `_layers_in_eval` at the step's backwards; -1: none heard
         self._cand: dict[int, _Candidate] = {}
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
@@ -653,7 +654,7 @@ class Probe:
         self._losses: list[int] = []
         self._logged: list[int] = []
         self._logged_host: list[float] = []
-        self._eval_layers = -1  # `_layers_in_eval` at the step's backwards; -1: none heard
+        self._eval_layers = -1
         self._refs: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
         self._batch = None
         self._prev_outs, self._root_outs = self._root_outs, []
