@@ -199,6 +199,9 @@ class Probe:
         self.manual_steps = False
         self._closure_step = False  # the primary's step in progress was given a closure
         self.steps_seen = 0
+        # steps of optimizers that train no watched parameter, while none that does had
+        # stepped: an optimizer made for an earlier copy of the model (see `close_partial`)
+        self.foreign_steps = 0
         self._sc = stats.Scalars()
         self._batch_rows = stats.RichBatch()
         self._sampled = True
@@ -582,6 +585,7 @@ class Probe:
         primary = self._primary() if self._primary is not None else None
         if primary is None:  # the first step, or the optimizer was replaced (and freed)
             if not self._owns(opt):
+                self.foreign_steps += 1
                 return
             self._primary = weakref.ref(opt)
             primary = opt
@@ -845,13 +849,25 @@ class Probe:
         self._pending_post = self._pending_update = None
         self._reset_step()
 
-    def close_partial(self) -> None:
-        """At exit of a loop that never stepped: what was recorded becomes one step."""
-        warnings.warn(
-            "neuraldbg: no optimizer step was seen, so the whole block was recorded as one "
-            "step. Call run.step() once per training step in loops without an optimizer.",
-            stacklevel=3)
+    def close_partial(self) -> str:
+        """At exit of a loop that never stepped: what was recorded becomes one step. Says
+        why (a warning), and returns it for the run's notes: no optimizer at all, or one
+        that trains none of the watched parameters (`foreign_steps`)."""
+        if self.foreign_steps:
+            why = (f"an optimizer stepped {self.foreign_steps} time"
+                   f"{'s' * (self.foreign_steps != 1)}, but none of the parameters it trains "
+                   f"are the watched model's: the model never changed, and the whole block "
+                   f"was recorded as one step. The optimizer was made for another model, "
+                   f"most likely an earlier copy of this one (the cell that makes the model "
+                   f"was run again after the one that makes the optimizer). Make the "
+                   f"optimizer again from this model, e.g. "
+                   f"torch.optim.AdamW(model.parameters()).")
+        else:
+            why = ("no optimizer step was seen, so the whole block was recorded as one step. "
+                   "Call run.step() once per training step in loops without an optimizer.")
+        warnings.warn(f"neuraldbg: {why}", stacklevel=3)
         self._close(None)
+        return why
 
     # -- host-side assembly ---------------------------------------------------------
     def _absmax(self, mins: np.ndarray, maxs: np.ndarray, n: int) -> np.ndarray:

@@ -116,7 +116,7 @@ class Watch:
                 pass  # nothing more to read from it: what it recorded is in the trace
             elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
                     and not self._probe.manual_steps and run.trace.n_steps == 0:
-                self._probe.close_partial()
+                run.notes.append(self._probe.close_partial())
             else:
                 self._probe.flush()
         finally:

@@ -197,6 +197,28 @@ def test_loop_without_optimizer_or_step_calls_is_one_step_with_a_warning():
     assert run.trace.n_steps == 1
 
 
+def test_an_optimizer_made_for_an_earlier_copy_of_the_model_is_named_as_the_cause():
+    """A notebook runs the model's cell again after the optimizer's: the optimizer trains
+    the earlier copy's parameters, and the watched model never changes. Before, the run
+    said that no optimizer step was seen and asked for run.step() calls."""
+    setup = mlp()
+    stale = torch.optim.SGD(mlp().model.parameters(), lr=0.05)  # the earlier copy's
+    before = [p.detach().clone() for p in setup.model.parameters()]
+    w = ndbg.watch(setup.model, report=False)
+    with pytest.warns(UserWarning, match="made for another model"):  # noqa: PT031, SIM117
+        with w as run:
+            for step in range(5):
+                x, y = setup.batch(step)
+                stale.zero_grad()
+                F.cross_entropy(setup.model(x), y).backward()
+                stale.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, setup.model.parameters()))
+    assert run.trace.n_steps == 1
+    (note,) = run.notes
+    assert "stepped 5 times" in note and "model.parameters()" in note, note
+    assert note in str(run)
+
+
 def _gan(seed: int = 0):
     torch.manual_seed(seed)
     G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
