@@ -18,6 +18,7 @@ class Kind(str, enum.Enum):
     SATURATION = "saturation"
     REGIME_SHIFT = "regime_shift"
     EXPLODING_UPDATE = "exploding_update"
+    WEIGHTS_NOT_UPDATED = "weights_not_updated"
     DATA_ANOMALY = "data_anomaly"
     LOSS_NONFINITE = "loss_nonfinite"
     LOSS_DIVERGENCE = "loss_divergence"

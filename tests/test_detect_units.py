@@ -323,6 +323,7 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     pn[60:, 3] *= 3.0                               # weights tripled in the update of 60
     upd = np.full((n, L), np.nan)
     upd[::10] = 1e-3
+    upd[60::10, 0] = 0.0                            # layer 0 left out of the optimizer
     dead = np.full((n, L), np.nan)
     dead[::5, 1] = 0.1
     dead[80::5, 1] = 0.7                            # dead units from 80
@@ -379,7 +380,7 @@ def test_incremental_detection_equals_detect_in_one_go(chunk):
     for k in ("vanishing_gradient", "exploding_gradient", "nonfinite_gradient",
               "nonfinite_activation", "regime_shift", "dead_units", "saturation",
               "exploding_update", "data_anomaly", "loss_divergence", "lr_change",
-              "eval_mode"):
+              "eval_mode", "weights_not_updated"):
         assert k in kinds, f"the test trace should produce {k}; got {sorted(kinds)}"
     t, det, streamed = _live(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
@@ -576,3 +577,30 @@ def test_training_in_eval_mode_is_one_warning_from_its_first_step_to_model_train
     assert first_failure(events, ndbg.Thresholds()) is None, "a warning, not a failure"
     quiet = build([("fc", "other")], {"grad_norm": noisy(0.1)}, {"eval_layers": np.zeros(N)})
     assert not of(detect(quiet)[1], "eval_mode")
+
+
+def test_weights_left_unchanged_by_two_sampled_updates_in_a_row_are_a_warning():
+    """A layer out of the optimizer: its sampled update size is exactly 0 while it has
+    gradients. One zero update (a warm-up's first step at a learning rate of 0) is not
+    enough, and neither is a gradient left over from an earlier step (the same norm
+    again), nor a layer another optimizer trains."""
+    g = noisy(0.1, cols=3)
+    upd = np.full((N, 3), np.nan)
+    upd[::10] = 1e-3
+    upd[20::10, 0] = 0.0                 # out of the optimizer from step 20
+    upd[0, 1] = 0.0                      # warm-up: step 0 at lr 0
+    upd[30::10, 2] = 0.0
+    g[29:, 2] = g[29, 2]                 # ... but its gradient is stale from step 29 on
+    t = build([("fc0", "other"), ("fc1", "other"), ("fc2", "other")],
+              {"grad_norm": g, "update_ratio": upd})
+    _, events = detect(t)
+    (stuck,) = of(events, "weights_not_updated")
+    assert (stuck.layer, stuck.step, stuck.severity) == ("fc0", 30, "warning"), stuck
+    assert "not in the optimizer" in stuck.message and stuck.end is None
+    assert first_failure(events, ndbg.Thresholds()) is None
+
+    upd[:, 1] = np.where(np.isnan(upd[:, 1]), np.nan, 0.0)  # no update at all
+    other = build([("fc0", "other"), ("fc1", "other")],
+                  {"grad_norm": g[:, :2], "update_ratio": upd[:, :2]})
+    other.update_layer(0, primary_lr=False)  # trained by another optimizer: not judged
+    assert [e.layer for e in of(detect(other)[1], "weights_not_updated")] == ["fc1"]

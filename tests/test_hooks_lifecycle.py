@@ -394,6 +394,9 @@ def test_a_second_model_trained_after_the_first_is_recorded(given):
     assert failure.step == 40 + 24, failure
     assert failure.layer == ("b.2" if given else "Sequential1.2"), failure
     assert all(i.primary_lr for i in run.trace.layers)
+    # the first model, done training, keeps its last gradients (no zero_grad after): it
+    # is not a model left out of its optimizer
+    assert not [e for e in run.events if e.kind == "weights_not_updated"]
 
 
 def test_two_optimizers_gan_loop_without_a_model_argument():

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import leftover_global_hooks, leftover_module_hooks
-from models import mlp, train, transformer
+from models import cnn, mlp, train, transformer
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -567,6 +567,9 @@ def test_frozen_layer_fault_is_still_found():
 
 
 def test_parameters_not_in_the_optimizer():
+    """Layer 0 gets gradients but is in no optimizer: training goes on through the other
+    layers, and the run says that layer 0 never moves (at the second sampled update, step
+    10), and says nothing of the layers that train."""
     setup = mlp()
     model = setup.model
     opt = torch.optim.SGD(list(model[2].parameters()) + list(model[4].parameters()),
@@ -581,6 +584,23 @@ def test_parameters_not_in_the_optimizer():
     names = run.trace.layer_names
     g = run.trace.col("grad_norm")[:, names.index("0")]
     assert np.isfinite(g).all() and (g > 0).all()
+    (stuck,) = [e for e in run.events if e.kind == "weights_not_updated"]
+    assert (stuck.layer, stuck.step, stuck.severity, stuck.end) == ("0", 10, "warning", None)
+    assert "not in the optimizer" in stuck.message
+
+
+def test_a_warm_up_from_a_learning_rate_of_zero_is_not_a_layer_left_out():
+    """The first update of a warm-up at a learning rate of 0 moves nothing, and the
+    next ones move the weights by very little: none of it is a layer out of the
+    optimizer."""
+    for arch in (mlp, cnn):
+        setup = arch()
+        opt = setup.make_opt(setup.model)
+        warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 50))
+        with ndbg.watch(setup.model, report=False) as run:
+            train(setup, 40, opt=opt, after_update=lambda *_, w=warm: w.step())
+        assert run.trace.scalar("lr")[0] == 0
+        assert not [e for e in run.events if e.kind == "weights_not_updated"], arch
 
 
 def test_a_replaced_optimizer_keeps_the_steps_counted():

@@ -37,6 +37,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (regime.findings, _recent),
     (updates.findings, _recent),
     (updates.lr_findings, _recent),
+    (updates.stall_findings, _recent),
     (loss.findings, _trend),
     (gradients.findings, _recent),
     (mode.findings, _recent),

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, HOLD, INFO, OK, Finding, fmt, grade
+from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
@@ -64,6 +64,58 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     # steps), so the sentence can tell an optimizer blow-up from weights edited in place
     return [Finding("exploding_update", "update", codes, value, previous=ratio,
                     message=message, step_offset=-1)]
+
+
+SPARSE_ROWS = frozenset({"Embedding", "EmbeddingBag"})
+"""Layers whose update touches only the rows of the batch: the weight probe's slice (its
+first rows) may rightly not move for many steps."""
+
+
+def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    """Weights that the optimizer's updates leave exactly as they were although they have
+    gradients: a layer left out of the optimizer (it was made from some of the model's
+    parameters, or before the layer was replaced), or a learning rate of 0. Nothing
+    breaks, the loss still falls through the other layers.
+
+    Read from the sampled update size, which is exactly 0 only when not one weight of
+    the slice read moved (a tiny learning rate still moves them), and judged when two
+    sampled updates in a row (at most `window` steps apart) moved nothing: the first
+    update of a warm-up from a learning rate of 0 is not one. Left out: layers trained by
+    another optimizer than the one that marks the steps (a GAN's generator may rightly
+    sit out several of the critic's steps), embeddings (`SPARSE_ROWS`), and gradients
+    left over from an earlier step (see `pushed`)."""
+    upd = trace.col("update_ratio", lo, stop).astype(np.float64)
+    g = trace.col("grad_norm", lo, stop).astype(np.float64)
+    n = len(upd)
+    ratio = np.full_like(upd, np.nan)  # row t judges the update of step t-1, as above
+    grad = np.full_like(upd, np.nan)  # the gradient that update was given
+    grad_before = np.full_like(upd, np.nan)  # and the one the update before it was
+    ratio[1:], grad[1:], grad_before[2:] = upd[:-1], g[:-1], g[:-2]
+    judged = np.array([i.has_params and i.primary_lr and i.type not in SPARSE_ROWS
+                       for i in trace.layers], bool)[None, :]
+    with np.errstate(invalid="ignore"):
+        # a gradient left over from an earlier step (a model done training, a GAN's
+        # generator sitting out a step, without zero_grad) reads the very same norm: it
+        # pushes nothing this step
+        pushed = np.isfinite(grad) & (grad > 0) & (grad != grad_before)
+        known = judged & pushed & ~np.isnan(ratio)
+        still = known & (ratio == 0)
+    rows = np.where(known, np.arange(n)[:, None], -1)
+    np.maximum.accumulate(rows, axis=0, out=rows)
+    prev = np.vstack([np.full((1, rows.shape[1]), -1), rows[:-1]])  # the judged row before
+    near = (prev >= 0) & (np.arange(n)[:, None] - prev <= th.window)
+    prev_still = near & still[np.maximum(prev, 0), np.arange(rows.shape[1])[None, :]]
+    codes = grade(known, (still & prev_still, WARNING))
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        return (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
+                f"though their gradient norm is {fmt(v)}: they are not in the optimizer, or "
+                f"their learning rate is 0 (if they are meant to stay as they are, "
+                f"requires_grad_(False) saves computing their gradients)")
+
+    return [Finding("weights_not_updated", "update", codes, grad, message=message,
+                    recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
+                    step_offset=-1)]
 
 
 def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
