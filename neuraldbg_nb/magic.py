@@ -77,6 +77,7 @@ class NeuralDbgMagics(Magics):
                   sample_every=args.sample_every, overhead=args.overhead,
                   trace_mb=args.trace_mb, activations=not args.no_activations,
                   report=False, **changes)
+        w.warn_notes = False  # printed below, once
         run = w.run
         shell = self.shell
         assert shell is not None  # a registered magic always has its shell

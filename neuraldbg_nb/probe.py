@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -850,9 +849,9 @@ class Probe:
         self._reset_step()
 
     def close_partial(self) -> str:
-        """At exit of a loop that never stepped: what was recorded becomes one step. Says
-        why (a warning), and returns it for the run's notes: no optimizer at all, or one
-        that trains none of the watched parameters (`foreign_steps`)."""
+        """At exit of a loop that never stepped: what was recorded becomes one step.
+        Returns why, for the run's notes: no optimizer at all, or one that trains none
+        of the watched parameters (`foreign_steps`)."""
         if self.foreign_steps:
             why = (f"an optimizer stepped {self.foreign_steps} time"
                    f"{'s' * (self.foreign_steps != 1)}, but none of the parameters it trains "
@@ -865,7 +864,6 @@ class Probe:
         else:
             why = ("no optimizer step was seen, so the whole block was recorded as one step. "
                    "Call run.step() once per training step in loops without an optimizer.")
-        warnings.warn(f"neuraldbg: {why}", stacklevel=3)
         self._close(None)
         return why
 

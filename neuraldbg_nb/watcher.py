@@ -64,6 +64,11 @@ EVAL_ONLY_NOTE = ("every forward of the model ran with gradients off (torch.no_g
 class Watch:
     """Re-enterable: a second `with` on the same Watch continues the same run."""
 
+    warn_notes = True
+    """Say each note of the run (`run.notes`) as a warning too, as it is made. The cell
+    magic turns it off: it prints the notes itself when the cell ends, and a warning
+    there showed each one twice, pointing at the magic's own code."""
+
     def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
                  stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
                  overhead: float | None = None, activations: bool = True,
@@ -116,7 +121,8 @@ class Watch:
                 pass  # nothing more to read from it: what it recorded is in the trace
             elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
                     and not self._probe.manual_steps and run.trace.n_steps == 0:
-                run.notes.append(self._probe.close_partial())
+                why = self._probe.close_partial()
+                self._note(why, f"neuraldbg: {why}", UserWarning)
             else:
                 self._probe.flush()
         finally:
@@ -183,13 +189,16 @@ class Watch:
         with contextlib.suppress(Exception):
             self.run._notify([])
 
-    def _note(self, note: str, warning: str) -> None:
-        """A note in `run.notes` (and `print(run)`, the panel), said once as a
-        RuntimeWarning too, which must not stop the training where warnings are errors."""
+    def _note(self, note: str, warning: str,
+              category: type[Warning] = RuntimeWarning) -> None:
+        """A note in `run.notes` (and `print(run)`, the panel), said once as a warning
+        too (`warn_notes`), which must not stop the training where warnings are errors."""
         self.run.notes.append(note)
+        if not self.warn_notes:
+            return
         try:
-            warnings.warn(warning, RuntimeWarning, stacklevel=3)
-        except RuntimeWarning:
+            warnings.warn(warning, category, stacklevel=3)
+        except category:
             pass  # -W error: the note is in run.notes
 
     def _bound_trace(self) -> None:

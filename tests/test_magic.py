@@ -122,3 +122,20 @@ def _widgets() -> list:
     from ipywidgets.widgets.widget import _instances
 
     return list(_instances.values())
+
+
+def test_a_note_is_said_once_under_the_panel_not_as_a_warning_too(ip, capsys) -> None:
+    """An optimizer made for an earlier copy of the model (the model's cell run again):
+    the run's note says so once, printed when the cell ends; the same text as a warning
+    pointing at the magic's own code said it twice."""
+    import warnings
+
+    stale = "model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))\n"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ip.run_cell_magic("neuraldbg", "", stale + TRAIN.format(steps=5, fault=-1))
+    run = ndbg.last_run()
+    (note,) = run.notes
+    assert "made for another model" in note
+    assert capsys.readouterr().err.count("made for another model") == 1
+    assert not [w for w in caught if "neuraldbg" in str(w.message)], caught

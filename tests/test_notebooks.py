@@ -50,6 +50,9 @@ CLAIMS = {
     "06_end_to_end.ipynb":
         r"LESSON OK: data_anomaly step 0; then regime_shift (conv1|conv2|fc1|fc2) step \d+; "
         r"fixed run healthy",
+    "07_quiet_bugs.ipynb":
+        r"LESSON OK: eval_mode step 23; weights_not_updated fc1 step 10; an optimizer of an "
+        r"earlier model named; fixed run quiet",
 }
 
 
