@@ -324,6 +324,7 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     upd = np.full((n, L), np.nan)
     upd[::10] = 1e-3
     upd[60::10, 0] = 0.0                            # layer 0 left out of the optimizer
+    pn[59:, 0] = pn[59, 0]                          # from step 60
     dead = np.full((n, L), np.nan)
     dead[::5, 1] = 0.1
     dead[80::5, 1] = 0.7                            # dead units from 80
@@ -579,20 +580,24 @@ def test_training_in_eval_mode_is_one_warning_from_its_first_step_to_model_train
     assert not of(detect(quiet)[1], "eval_mode")
 
 
-def test_weights_left_unchanged_by_two_sampled_updates_in_a_row_are_a_warning():
-    """A layer out of the optimizer: its sampled update size is exactly 0 while it has
-    gradients. One zero update (a warm-up's first step at a learning rate of 0) is not
-    enough, and neither is a gradient left over from an earlier step (the same norm
-    again), nor a layer another optimizer trains."""
+def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
+    """A layer out of the optimizer: at a sampled step its update size is exactly 0 while
+    it has gradients, and the update before left its weight norm the same number. One
+    zero update (a warm-up's first step at a learning rate of 0) is not enough, and
+    neither is a gradient left over from an earlier step (the same norm again), nor a
+    layer another optimizer trains."""
     g = noisy(0.1, cols=3)
     upd = np.full((N, 3), np.nan)
     upd[::10] = 1e-3
+    w = 5.0 + np.cumsum(np.full((N, 3), 1e-3), 0)  # weight norm after each update
     upd[20::10, 0] = 0.0                 # out of the optimizer from step 20
+    w[19:, 0] = w[19, 0]
     upd[0, 1] = 0.0                      # warm-up: step 0 at lr 0
-    upd[30::10, 2] = 0.0
+    upd[30::10, 2] = 0.0                 # not moved from step 30 ...
+    w[29:, 2] = w[29, 2]
     g[29:, 2] = g[29, 2]                 # ... but its gradient is stale from step 29 on
-    t = build([("fc0", "other"), ("fc1", "other"), ("fc2", "other")],
-              {"grad_norm": g, "update_ratio": upd})
+    layers = [("fc0", "other"), ("fc1", "other"), ("fc2", "other")]
+    t = build(layers, {"grad_norm": g, "update_ratio": upd, "param_norm": w})
     _, events = detect(t)
     (stuck,) = of(events, "weights_not_updated")
     assert (stuck.layer, stuck.step, stuck.severity) == ("fc0", 30, "warning"), stuck
@@ -600,7 +605,9 @@ def test_weights_left_unchanged_by_two_sampled_updates_in_a_row_are_a_warning():
     assert first_failure(events, ndbg.Thresholds()) is None
 
     upd[:, 1] = np.where(np.isnan(upd[:, 1]), np.nan, 0.0)  # no update at all
-    other = build([("fc0", "other"), ("fc1", "other")],
-                  {"grad_norm": g[:, :2], "update_ratio": upd[:, :2]})
+    w[:, 1] = 5.0
+    other = build(layers[:2], {"grad_norm": g[:, :2], "update_ratio": upd[:, :2],
+                               "param_norm": w[:, :2]})
     other.update_layer(0, primary_lr=False)  # trained by another optimizer: not judged
-    assert [e.layer for e in of(detect(other)[1], "weights_not_updated")] == ["fc1"]
+    assert [(e.layer, e.step) for e in of(detect(other)[1], "weights_not_updated")] == \
+        [("fc1", 10)]

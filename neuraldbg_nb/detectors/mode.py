@@ -1,6 +1,6 @@
 """Training in evaluation mode: a model left in `model.eval()` after an evaluation.
 
-Nothing breaks, so no other detector sees it: the loss still falls, only worse. Dropout
+Nothing breaks, so no other detector sees it: the loss still falls. Dropout
 is off and BatchNorm normalises with running statistics it no longer updates. A notebook
 that evaluates in one cell and trains again in the next, without `model.train()`, does
 exactly this. The probe counts the layers that act by mode as each backward starts;

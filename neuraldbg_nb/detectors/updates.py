@@ -77,20 +77,21 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     parameters, or before the layer was replaced), or a learning rate of 0. Nothing
     breaks, the loss still falls through the other layers.
 
-    Read from the sampled update size, which is exactly 0 only when not one weight of
-    the slice read moved (a tiny learning rate still moves them), and judged when two
-    sampled updates in a row (at most `window` steps apart) moved nothing: the first
-    update of a warm-up from a learning rate of 0 is not one. Left out: layers trained by
-    another optimizer than the one that marks the steps (a GAN's generator may rightly
-    sit out several of the critic's steps), embeddings (`SPARSE_ROWS`), and gradients
-    left over from an earlier step (see `pushed`)."""
+    Judged at sampled steps: their update size is exactly 0 only when not one weight of
+    the slice read moved (a tiny learning rate still moves them), and the update of the
+    step before left the weights' norm the very same number. Two updates in a row, so
+    that the first one of a warm-up from a learning rate of 0 is not one. Left out:
+    layers trained by another optimizer than the one that marks the steps (a GAN's
+    generator may rightly sit out several of the critic's steps), embeddings
+    (`SPARSE_ROWS`), and gradients left over from an earlier step (see `pushed`)."""
+    w = trace.col("param_norm", lo, stop).astype(np.float64)
     upd = trace.col("update_ratio", lo, stop).astype(np.float64)
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
-    n = len(upd)
-    ratio = np.full_like(upd, np.nan)  # row t judges the update of step t-1, as above
-    grad = np.full_like(upd, np.nan)  # the gradient that update was given
-    grad_before = np.full_like(upd, np.nan)  # and the one the update before it was
+    # row t judges the update of step t-1 (as above): its size, the gradient it was
+    # given and the one before, and the weight norms around the update of step t-2
+    ratio, grad, grad_before, w1, w2 = (np.full_like(w, np.nan) for _ in range(5))
     ratio[1:], grad[1:], grad_before[2:] = upd[:-1], g[:-1], g[:-2]
+    w1[2:], w2[3:] = w[:-2], w[:-3]
     judged = np.array([i.has_params and i.primary_lr and i.type not in SPARSE_ROWS
                        for i in trace.layers], bool)[None, :]
     with np.errstate(invalid="ignore"):
@@ -99,13 +100,8 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         # pushes nothing this step
         pushed = np.isfinite(grad) & (grad > 0) & (grad != grad_before)
         known = judged & pushed & ~np.isnan(ratio)
-        still = known & (ratio == 0)
-    rows = np.where(known, np.arange(n)[:, None], -1)
-    np.maximum.accumulate(rows, axis=0, out=rows)
-    prev = np.vstack([np.full((1, rows.shape[1]), -1), rows[:-1]])  # the judged row before
-    near = (prev >= 0) & (np.arange(n)[:, None] - prev <= th.window)
-    prev_still = near & still[np.maximum(prev, 0), np.arange(rows.shape[1])[None, :]]
-    codes = grade(known, (still & prev_still, WARNING))
+        still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
+    codes = grade(known, (still, WARNING))
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         return (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
