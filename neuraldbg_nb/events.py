@@ -24,6 +24,7 @@ class Kind(str, enum.Enum):
     LOSS_DIVERGENCE = "loss_divergence"
     LR_CHANGE = "lr_change"
     EVAL_MODE = "eval_mode"
+    GRADS_NOT_ZEROED = "grads_not_zeroed"
     RECOVERY = "recovery"
 
     def __str__(self) -> str:

@@ -181,6 +181,8 @@ class Probe:
         # each root (its module, compiled or not) with its layers that act by mode
         self._modal: list[tuple[nn.Module, list[nn.Module]]] = []
         self._eval_layers = -1  # `_layers_in_eval` at the step's backwards; -1: none heard
+        # a gradient read at the last step boundary and its version then (`_carried`)
+        self._last_grad: tuple[weakref.ref[torch.Tensor], int] | None = None
         self._cand: dict[int, _Candidate] = {}
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
@@ -705,6 +707,7 @@ class Probe:
         params = self._params()
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
+        carried = self._carried(with_grad[0][0] if with_grad else None)
         p_mn, p_mx = sc.extend(self._d_mn), sc.extend(self._d_mx)
         if self._rich_rows:
             self._reduce_rows()
@@ -753,7 +756,8 @@ class Probe:
 
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
                    "loss": self._loss(v), "sampled": float(self._sampled),
-                   "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan}
+                   "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan,
+                   "grad_carried": carried}
         scalars.update(self._input_scalars(v))
         self.trace.append(row, scalars)
 
@@ -766,6 +770,24 @@ class Probe:
         finally:
             refs.clear()
             self._end_interval(step, t_enter)
+
+    def _carried(self, g: torch.Tensor | None) -> float:
+        """1.0 where this step's gradients still hold the last step's: the gradient read
+        at the last boundary is the same tensor, and its version moved by exactly this
+        step's backwards (each one adds into it) and by nothing else, so nothing zeroed it
+        (`zero_grad(set_to_none=True)`, the default, gives a new tensor; `set_to_none=
+        False` zeroes it in place, one more version). A loop without `zero_grad` adds
+        every batch's gradient to all the earlier ones. 0.0 where they are fresh, NaN
+        where it cannot be told (no gradient, no backward heard). One weight's gradient
+        stands for all: the loop zeroes all of them or none."""
+        last, self._last_grad = self._last_grad, None
+        backwards = len(self._losses)
+        if g is None:
+            return math.nan
+        self._last_grad = (weakref.ref(g), g._version)
+        if last is None or not backwards:
+            return math.nan
+        return float(last[0]() is g and g._version - last[1] == backwards)
 
     def _next_sampled(self, step: int, t_enter: float) -> bool:
         """Whether the next step gets the full statistics (`Sampler`), told what this

@@ -41,9 +41,11 @@ STEP_COLUMNS: tuple[str, ...] = (
     "sampled",
     "eval_layers",  # dropout/BatchNorm layers of a model in eval mode as the backward
                     # starts (0: training mode; see `Probe._layers_in_eval`)
+    "grad_carried",  # 1: the step's gradients still held the last step's (no zero_grad;
+                     # see `Probe._carried`)
 )
 """Per step scalars: the loss, the learning rate, the watched model's input batch, the
-models' mode."""
+models' mode, the gradients' zeroing."""
 
 ROLES = ("relu", "bounded", "other")
 """Layer roles that make activation rules type-aware: dead units only mean something

@@ -342,10 +342,13 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     eval_layers = np.zeros(n)
     eval_layers[15:22] = 2.0                        # trained in eval mode 15..21
     eval_layers[18] = np.nan                        # (a step without a backward)
+    grad_carried = np.zeros(n)
+    grad_carried[113:116] = 1.0                     # gradients not zeroed 113..115
     cols = {"grad_norm": g, "act_absmax": a, "param_norm": pn, "update_ratio": upd,
             "dead_frac": dead, "sat_frac": sat}
     scalars = {"loss": loss, "lr": lr, "in_absmax": in_absmax, "in_nonfinite": in_nonfinite,
-               "in_const": np.zeros(n), "in_repeat": np.zeros(n), "eval_layers": eval_layers}
+               "in_const": np.zeros(n), "in_repeat": np.zeros(n), "eval_layers": eval_layers,
+               "grad_carried": grad_carried}
     return layers, cols, scalars
 
 
@@ -381,7 +384,7 @@ def test_incremental_detection_equals_detect_in_one_go(chunk):
     for k in ("vanishing_gradient", "exploding_gradient", "nonfinite_gradient",
               "nonfinite_activation", "regime_shift", "dead_units", "saturation",
               "exploding_update", "data_anomaly", "loss_divergence", "lr_change",
-              "eval_mode", "weights_not_updated"):
+              "eval_mode", "weights_not_updated", "grads_not_zeroed"):
         assert k in kinds, f"the test trace should produce {k}; got {sorted(kinds)}"
     t, det, streamed = _live(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
@@ -611,3 +614,27 @@ def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
     other.update_layer(0, primary_lr=False)  # trained by another optimizer: not judged
     assert [(e.layer, e.step) for e in of(detect(other)[1], "weights_not_updated")] == \
         [("fc1", 10)]
+
+
+def test_gradients_carried_over_two_steps_in_a_row_are_the_first_failure():
+    """A loop without zero_grad: an error from the first step whose gradients still held
+    the last step's, held two steps (one such step alone is not enough), and the root
+    cause over what it breaks later (a layer's activations jumping)."""
+    carried = np.zeros(N)
+    carried[0] = np.nan                  # step 0: nothing to compare with
+    carried[5] = 1.0                     # one step alone
+    carried[20:] = 1.0
+    a = noisy(2.0)
+    a[40:] *= 300                        # what it breaks, later
+    t = build([("fc", "other")], {"act_absmax": a}, {"grad_carried": carried})
+    _, events = detect(t)
+    (carry,) = of(events, "grads_not_zeroed")
+    assert (carry.step, carry.layer, carry.severity, carry.end) == (20, None, "error", None)
+    assert "zero_grad()" in carry.message
+    assert of(events, "regime_shift", "fc")
+    assert first_failure(events, ndbg.Thresholds()) is carry
+    th = ndbg.Thresholds()
+    woke = [wake(build([("fc", "other")], {"act_absmax": a[:k]}, {"grad_carried": carried[:k]},
+                       n=k), th) for k in range(2, 25)]
+    assert [k - 1 for k, w in zip(range(2, 25), woke) if w == "sudden"] == [21], \
+        "a live run scans at once when the second step in a row is carried over"

@@ -348,6 +348,48 @@ def test_a_frozen_teacher_in_eval_mode_is_not_flagged():
     assert (run.trace.scalar("eval_layers") == 0).all()
 
 
+def test_a_loop_without_zero_grad_is_the_first_failure_from_step_1():
+    """Without zero_grad every backward adds to all the earlier gradients. What showed,
+    dozens of steps later, was a layer dying or jumping, and that was blamed. Now the
+    loop is: an error from step 1 (step 0 has no earlier gradient), and with
+    stop_on="error" the training stops there, not after the damage."""
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        _loop_setup(setup, 80, zero=lambda: None)
+    first = run.first_failure
+    assert (first.kind, first.step, first.layer) == ("grads_not_zeroed", 1, None), first
+    assert [e for e in run.events if e.kind != "grads_not_zeroed"], "it did break things"
+    assert all(e.step >= 1 for e in run.symptoms)
+
+    setup = mlp()
+    with pytest.raises(ndbg.TrainingFailure) as stopped, \
+            ndbg.watch(setup.model, report=False, stop_on="error"):
+        _loop_setup(setup, 80, zero=lambda: None)
+    run = stopped.value.run
+    assert run.first_failure.kind == "grads_not_zeroed"
+    assert run.trace.n_steps <= 5, run.trace.n_steps
+
+
+def test_zeroed_gradients_of_every_kind_are_not_carried_over():
+    """zero_grad() (a new gradient each step), zero_grad(set_to_none=False) (zeroed in
+    place), and gradient accumulation (three backwards per optimizer step, zeroed once)
+    carry nothing over."""
+    for how in ("set_to_none", "in_place", "accumulate"):
+        setup = mlp()
+        model = setup.model
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        with ndbg.watch(model, report=False) as run:
+            for step in range(30):
+                opt.zero_grad(set_to_none=how != "in_place")
+                for k in range(3 if how == "accumulate" else 1):
+                    x, y = setup.batch(3 * step + k)
+                    F.cross_entropy(model(x), y).backward()
+                opt.step()
+        carried = run.trace.scalar("grad_carried")
+        assert np.isnan(carried[0]) and (carried[1:] == 0).all(), (how, carried)
+        assert not [e for e in run.events if e.kind == "grads_not_zeroed"]
+
+
 class FrozenBackbone(nn.Module):
     """Transfer learning: a frozen backbone run under no_grad inside the forward, then a
     head that trains."""

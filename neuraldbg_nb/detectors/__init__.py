@@ -13,7 +13,7 @@ from collections.abc import Callable
 from ..events import Event
 from ..thresholds import Thresholds
 from ..trace import Trace
-from . import activations, data, gradients, loss, mode, regime, updates
+from . import activations, data, gradients, loop, loss, regime, updates
 from ._baseline import BaselineCache
 from ._scan import Carry, Finding, scan
 from .rootcause import first_failure, symptoms
@@ -40,7 +40,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (updates.stall_findings, _recent),
     (loss.findings, _trend),
     (gradients.findings, _recent),
-    (mode.findings, _recent),
+    (loop.findings, _recent),
 )
 """Each detector with the steps of history before a chunk that it reads."""
 

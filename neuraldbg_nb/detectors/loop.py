@@ -1,0 +1,56 @@
+"""Mistakes of the training loop itself, which break nothing that other detectors see.
+
+- A model left in `model.eval()` after an evaluation trains without dropout, and its
+  BatchNorm normalises with running statistics it no longer updates: the loss still
+  falls. A notebook that evaluates in one cell and trains again in the next, without
+  `model.train()`, does exactly this. The probe counts the layers that act by mode as
+  each backward starts (`eval_layers`).
+- A loop without `zero_grad()` adds every batch's gradient to all the earlier ones: the
+  updates grow step after step, and what shows, dozens of steps later, is a layer dying
+  or jumping, which was blamed. The probe tells whether a step's gradients still held the
+  last step's (`grad_carried`); it is an error from its first step, so the root cause is
+  the loop, not the layer it broke.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..thresholds import Thresholds
+from ..trace import Trace
+from ._scan import ERROR, HOLD, OK, WARNING, Finding
+
+
+def _eval_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    layers = f"{v:.0f} dropout/BatchNorm layer{'s' * (v != 1)}"
+    return (f"the model trained in eval mode from step {step}: {layers} ran as at "
+            f"inference (dropout off, BatchNorm on running statistics it no longer "
+            f"updates). Call model.train() before training; if it is deliberate (keeping "
+            f"BatchNorm's statistics while fine-tuning), ignore this")
+
+
+def _carry_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"gradients not zeroed between steps from step {step}: each backward adds to "
+            f"the gradients of every earlier step, so the updates grow step after step. "
+            f"Call optimizer.zero_grad() once per step (before the backward)")
+
+
+def _codes(values: np.ndarray, code: int) -> np.ndarray:
+    return np.where(np.isnan(values), HOLD, np.where(values > 0, code, OK)).astype(np.int8)
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    n = trace.scalar("eval_layers", lo, stop)[:, None]
+    carried = trace.scalar("grad_carried", lo, stop)[:, None]
+    return [
+        Finding("eval_mode", "mode", _codes(n, WARNING), n, per_layer=False,
+                message=_eval_message,
+                recovery=lambda name, s, v, p, sev: f"the model is back in training mode "
+                                                    f"at step {s}"),
+        # two steps in a row: a loop that zeroes its gradients every other step (one
+        # optimizer step per two batches, written wrong) shows only some steps carried
+        Finding("grads_not_zeroed", "zeroing", _codes(carried, ERROR), carried,
+                per_layer=False, patience=2, message=_carry_message,
+                recovery=lambda name, s, v, p, sev: f"gradients zeroed between steps again "
+                                                    f"at step {s}"),
+    ]
