@@ -53,11 +53,20 @@ def group(events: list[Event]) -> list[str]:
     return lines
 
 
+def _where(e: Event) -> str:
+    """What an event is about: its layer, or for events of no layer, what they judge."""
+    if e.layer is not None:
+        return f"layer {e.layer}"
+    if e.kind.startswith("loss_"):
+        return "the loss"
+    return "the input batch" if e.kind == "data_anomaly" else "the training loop"
+
+
 def tell(run: Run) -> str:
     lines = [headline(run)]
     root = run.first_failure
     if root is not None:
-        lines.append(f"  cause: [{root.kind}] step {root.step}, layer {root.layer or '(data/loss)'}")
+        lines.append(f"  cause: [{root.kind}] step {root.step}, {_where(root)}")
         symptoms = run.symptoms
         if symptoms:
             lines.append("  what followed:")

@@ -1324,13 +1324,15 @@ def nb06() -> list[NotebookNode]:
 def nb07() -> list[NotebookNode]:
     return [
         md('''
-            # 7. Quiet bugs: training that runs, and is not the training you wrote
+            # 7. Bugs of the loop: training that runs, and is not the training you wrote
 
             Not every broken run goes NaN. Three bugs that notebooks make every day leave
             nothing red on the screen: a model left in evaluation mode after an evaluation,
             a layer replaced after the optimizer was made, and an optimizer made for an
             earlier copy of the model. The loss falls (or just sits there), no number
-            explodes, and no other tool says a word.
+            explodes, and no other tool says a word. A fourth, a loop without
+            `zero_grad()`, does break the training, dozens of steps later, in a layer that
+            is not to blame.
 
             The lesson: each bug under `%%neuraldbg`, what the run says about it, and the
             one-line fix.
@@ -1459,10 +1461,37 @@ def nb07() -> list[NotebookNode]:
             none of the parameters it trains belong to the model that was watched, so no
             step was recorded: the run says which optimizer problem it is, and what to do.
 
-            ## All three fixed
+            ## Bug 4: no `zero_grad()`
 
-            Evaluate with `accuracy` (which goes back to training mode), and make the
-            optimizer from the final model:
+            PyTorch adds each backward's gradients to what the parameters already hold, so
+            that several backwards can make one step. Without `opt.zero_grad()` in the loop,
+            every step's gradient is the sum of all the batches so far.
+        '''),
+        code('''
+            %%neuraldbg -o no_zero
+            model = net()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            for xb, yb in batches(X_train, y_train, epochs=3):
+                loss = F.cross_entropy(model(xb), yb)   # opt.zero_grad() is missing
+                loss.backward()
+                opt.step()
+            no_zero_acc = accuracy(model)
+            print(f"last loss {loss.item():.3f}, test accuracy {no_zero_acc:.1%}")
+        '''),
+        code('''
+            print(no_zero)
+        '''),
+        md('''
+            The updates grew with every step until the layers broke. Those breakages are
+            what a loss curve or a per-layer monitor shows, dozens of steps in; the first
+            failure is the loop itself, at step 1, the first step whose gradients still held
+            the last one's. (It is told from one weight's gradient: the same tensor as at
+            the last step, changed only by this step's backward.)
+
+            ## All four fixed
+
+            Evaluate with `accuracy` (which goes back to training mode), make the optimizer
+            from the final model, and zero the gradients in every step:
         '''),
         code('''
             %%neuraldbg -o fixed
@@ -1493,11 +1522,15 @@ def nb07() -> list[NotebookNode]:
             assert left_out_acc > 0.9, left_out_acc
             assert stale.trace.n_steps == 1 and stale_acc < 0.3, stale_acc
             assert any("made for another model" in n for n in stale.notes), stale.notes
+            e4 = no_zero.first_failure
+            assert (e4.kind, e4.step, e4.layer) == ("grads_not_zeroed", 1, None), e4
+            assert no_zero.symptoms, "it broke the training"
             assert fixed.first_failure is None, fixed.first_failure
             assert not [e for e in fixed.events if e.kind in quiet], fixed.events
             assert fixed_acc > 0.9, fixed_acc
             print(f"LESSON OK: {e1.kind} step {e1.step}; {e2.kind} {e2.layer} step {e2.step}; "
-                  f"an optimizer of an earlier model named; fixed run quiet")
+                  f"an optimizer of an earlier model named; {e4.kind} step {e4.step}; "
+                  f"fixed run quiet")
         '''),
     ]
 
@@ -1509,7 +1542,7 @@ NOTEBOOKS = {
     "04_nan_hunting.ipynb": nb04,
     "05_thresholds_and_regime_shifts.ipynb": nb05,
     "06_end_to_end.ipynb": nb06,
-    "07_quiet_bugs.ipynb": nb07,
+    "07_bugs_of_the_loop.ipynb": nb07,
 }
 
 

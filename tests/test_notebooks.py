@@ -50,9 +50,9 @@ CLAIMS = {
     "06_end_to_end.ipynb":
         r"LESSON OK: data_anomaly step 0; then regime_shift (conv1|conv2|fc1|fc2) step \d+; "
         r"fixed run healthy",
-    "07_quiet_bugs.ipynb":
+    "07_bugs_of_the_loop.ipynb":
         r"LESSON OK: eval_mode step 23; weights_not_updated fc1 step 10; an optimizer of an "
-        r"earlier model named; fixed run quiet",
+        r"earlier model named; grads_not_zeroed step 1; fixed run quiet",
 }
 
 
