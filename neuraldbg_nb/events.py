@@ -25,6 +25,7 @@ class Kind(str, enum.Enum):
     LR_CHANGE = "lr_change"
     EVAL_MODE = "eval_mode"
     GRADS_NOT_ZEROED = "grads_not_zeroed"
+    NO_GRADIENTS = "no_gradients"
     RECOVERY = "recovery"
 
     def __str__(self) -> str:

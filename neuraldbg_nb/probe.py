@@ -708,6 +708,7 @@ class Probe:
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
         carried = self._carried(with_grad[0][0] if with_grad else None)
+        missing = self._missing(opt, bool(with_grad), params)
         p_mn, p_mx = sc.extend(self._d_mn), sc.extend(self._d_mx)
         if self._rich_rows:
             self._reduce_rows()
@@ -757,7 +758,7 @@ class Probe:
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
                    "loss": self._loss(v), "sampled": float(self._sampled),
                    "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan,
-                   "grad_carried": carried}
+                   "grad_carried": carried, "grads_missing": missing}
         scalars.update(self._input_scalars(v))
         self.trace.append(row, scalars)
 
@@ -788,6 +789,20 @@ class Probe:
         if last is None or not backwards:
             return math.nan
         return float(last[0]() is g and g._version - last[1] == backwards)
+
+    def _missing(self, opt: torch.optim.Optimizer | None, any_grad: bool,
+                 params: list[tuple[str, nn.Parameter, int]]) -> float:
+        """1.0 where a backward ran in the step but, at the optimizer's step, no watched
+        weight held a gradient although some are trainable: the gradients were cleared
+        between the backward and the step (`zero_grad()` after `backward()`), or the loss
+        does not depend on the model (its output detached). Nothing trains, and nothing
+        else says so. 0.0 where some weight had one, NaN where it cannot be told (no
+        backward heard; a step closed by hand, whose loop may clear them on purpose)."""
+        if opt is None or not self._losses:
+            return math.nan
+        if any_grad:
+            return 0.0
+        return 1.0 if any(p.requires_grad for _, p, _ in params) else math.nan
 
     def _next_sampled(self, step: int, t_enter: float) -> bool:
         """Whether the next step gets the full statistics (`Sampler`), told what this

@@ -43,6 +43,8 @@ STEP_COLUMNS: tuple[str, ...] = (
                     # starts (0: training mode; see `Probe._layers_in_eval`)
     "grad_carried",  # 1: the step's gradients still held the last step's (no zero_grad;
                      # see `Probe._carried`)
+    "grads_missing",  # 1: a backward ran, but no weight had a gradient at the optimizer's
+                      # step (see `Probe._missing`)
 )
 """Per step scalars: the loss, the learning rate, the watched model's input batch, the
 models' mode, the gradients' zeroing."""

@@ -344,11 +344,13 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     eval_layers[18] = np.nan                        # (a step without a backward)
     grad_carried = np.zeros(n)
     grad_carried[113:116] = 1.0                     # gradients not zeroed 113..115
+    grads_missing = np.zeros(n)
+    grads_missing[117:] = 1.0                       # none at the step from 117
     cols = {"grad_norm": g, "act_absmax": a, "param_norm": pn, "update_ratio": upd,
             "dead_frac": dead, "sat_frac": sat}
     scalars = {"loss": loss, "lr": lr, "in_absmax": in_absmax, "in_nonfinite": in_nonfinite,
                "in_const": np.zeros(n), "in_repeat": np.zeros(n), "eval_layers": eval_layers,
-               "grad_carried": grad_carried}
+               "grad_carried": grad_carried, "grads_missing": grads_missing}
     return layers, cols, scalars
 
 
@@ -384,7 +386,7 @@ def test_incremental_detection_equals_detect_in_one_go(chunk):
     for k in ("vanishing_gradient", "exploding_gradient", "nonfinite_gradient",
               "nonfinite_activation", "regime_shift", "dead_units", "saturation",
               "exploding_update", "data_anomaly", "loss_divergence", "lr_change",
-              "eval_mode", "weights_not_updated", "grads_not_zeroed"):
+              "eval_mode", "weights_not_updated", "grads_not_zeroed", "no_gradients"):
         assert k in kinds, f"the test trace should produce {k}; got {sorted(kinds)}"
     t, det, streamed = _live(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]

@@ -370,6 +370,68 @@ def test_a_loop_without_zero_grad_is_the_first_failure_from_step_1():
     assert run.trace.n_steps <= 5, run.trace.n_steps
 
 
+class Detached(nn.Module):
+    """A model whose output is detached before the loss: its weights get no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).detach()
+
+
+@pytest.mark.parametrize("how", ["zero_grad after backward", "output detached"])
+def test_a_loop_whose_weights_get_no_gradient_at_the_step_is_the_first_failure(how):
+    """zero_grad() between backward() and step(), or a loss that does not depend on the
+    model: nothing trains, and no gradient number is there for the other detectors. The
+    run said "no failure found". Now the loop is the first failure, at step 0, and
+    stop_on stops there; a loop that steps by hand (run.step()) is not judged."""
+    def loop(model: nn.Module, steps: int) -> None:
+        x, y = _batches()
+        scale = nn.Parameter(torch.ones(2))  # something trains, whatever the model does
+        opt = torch.optim.SGD([*model.parameters(), scale], lr=0.05)
+        for step in range(steps):
+            if how == "output detached":
+                opt.zero_grad()
+            loss = F.cross_entropy(model(x[step]) * scale, y[step])
+            loss.backward()
+            if how != "output detached":
+                opt.zero_grad()
+            opt.step()
+
+    make = _eval_model if how != "output detached" else Detached
+    model = make()
+    before = [p.detach().clone() for p in model.parameters()]
+    with ndbg.watch(model, report=False) as run:
+        loop(model, 20)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    first = run.first_failure
+    assert (first.kind, first.step, first.layer) == ("no_gradients", 0, None), first
+    assert "nothing trains" in first.message
+    model = make()
+    with pytest.raises(ndbg.TrainingFailure) as stopped, \
+            ndbg.watch(model, report=False, stop_on="error"):
+        loop(model, 40)
+    assert stopped.value.run.trace.n_steps <= 4
+
+
+def test_a_loop_stepped_by_hand_may_clear_its_gradients():
+    model = _eval_model()
+    x, y = _batches()
+    with ndbg.watch(model, report=False) as run:
+        for step in range(10):
+            F.cross_entropy(model(x[step]), y[step]).backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.05 * p.grad
+            model.zero_grad()
+            run.step()
+    assert np.isnan(run.trace.scalar("grads_missing")).all()
+    assert run.first_failure is None
+
+
 def test_zeroed_gradients_of_every_kind_are_not_carried_over():
     """zero_grad() (a new gradient each step), zero_grad(set_to_none=False) (zeroed in
     place), and gradient accumulation (three backwards per optimizer step, zeroed once)

@@ -10,6 +10,10 @@
   or jumping, which was blamed. The probe tells whether a step's gradients still held the
   last step's (`grad_carried`); it is an error from its first step, so the root cause is
   the loop, not the layer it broke.
+- A loop that clears the gradients between the backward and the optimizer's step
+  (`zero_grad()` after `backward()`), or whose loss does not depend on the model, trains
+  nothing: every gradient is missing at the step, and detectors of gradients see no
+  numbers at all. The probe tells it (`grads_missing`); an error.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ def _carry_message(name: str, step: int, v: float, previous: float, severity: st
             f"Call optimizer.zero_grad() once per step (before the backward)")
 
 
+def _missing_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"no gradient reached the model's weights at the optimizer's steps from step "
+            f"{step}, though backward ran: nothing trains. The gradients were cleared "
+            f"between backward() and the step (zero_grad() belongs before backward()), or "
+            f"the loss does not depend on the model (its output detached)")
+
+
 def _codes(values: np.ndarray, code: int) -> np.ndarray:
     return np.where(np.isnan(values), HOLD, np.where(values > 0, code, OK)).astype(np.int8)
 
@@ -42,6 +53,7 @@ def _codes(values: np.ndarray, code: int) -> np.ndarray:
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     n = trace.scalar("eval_layers", lo, stop)[:, None]
     carried = trace.scalar("grad_carried", lo, stop)[:, None]
+    missing = trace.scalar("grads_missing", lo, stop)[:, None]
     return [
         Finding("eval_mode", "mode", _codes(n, WARNING), n, per_layer=False,
                 message=_eval_message,
@@ -53,4 +65,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                 per_layer=False, patience=2, message=_carry_message,
                 recovery=lambda name, s, v, p, sev: f"gradients zeroed between steps again "
                                                     f"at step {s}"),
+        Finding("no_gradients", "zeroing", _codes(missing, ERROR), missing,
+                per_layer=False, patience=2, message=_missing_message,
+                recovery=lambda name, s, v, p, sev: f"gradients reach the weights again at "
+                                                    f"step {s}"),
     ]

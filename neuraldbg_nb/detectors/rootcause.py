@@ -1,7 +1,8 @@
 """Root cause, not the loudest symptom: which event is the first failure.
 
 At the step where things first went wrong, blame in this order (DESIGN.md): the data,
-and gradients the loop never zeroed (both are what the step computes from); then the first layer in forward order whose activations went non-finite, jumped, or died;
+and gradients the loop never zeroed or cleared before the step (what the step computes
+from); then the first layer in forward order whose activations went non-finite, jumped, or died;
 then the loss; then the optimizer's update; and only then the gradients (exploding: the
 layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
@@ -21,7 +22,7 @@ _ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
 
 
 def _rank(e: Event) -> int:
-    if e.kind in ("data_anomaly", "grads_not_zeroed"):  # what the step computes from
+    if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients"):  # the step's inputs
         return 0
     if e.kind in _ACTIVATION and e.signal == "activation":
         return 1

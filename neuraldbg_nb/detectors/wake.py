@@ -6,7 +6,8 @@ newest step against the one before decides when to scan at once, so that a sudde
 failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
 crossed its line (against the last two sampled steps), the input turned non-finite or
-all zero, the gradients were carried over (no zero_grad) a second step, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the
+all zero, the gradients were carried over (no zero_grad) or missing at the optimizer's
+step a second step in a row, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the
 loss: a rise of `sqrt(loss_rise)`). It only decides *when* detection runs, never *what*
 it finds; a slow drift is found at the next batch.
 """
@@ -56,15 +57,16 @@ def wake(trace: Trace, th: Thresholds) -> str:
     rose = moved[loss] and np.isfinite(now[loss])  # a divergence must hold a while
     if moved[:loss].any() or (moved[loss] and not rose) or moved[loss + 1] or exploded \
             or (inf > 0 and not inf_b > 0) or (now[-1] == 0 and before[-1] != 0) \
-            or _carried_anew(trace, t):
+            or _anew(trace, "grad_carried", t) or _anew(trace, "grads_missing", t):
         return "sudden"
     return "slow" if rose or vanished else ""
 
 
-def _carried_anew(trace: Trace, t: int) -> bool:
-    """Gradients carried over (no zero_grad) at steps t-1 and t, and not at t-2: the
-    two steps that make it an error (see `loop`), just completed."""
-    c = trace.scalar("grad_carried", max(t - 2, 0), t + 1)
+def _anew(trace: Trace, column: str, t: int) -> bool:
+    """A mistake of the loop (gradients carried over, or missing at the step) at steps
+    t-1 and t, and not at t-2: the two steps that make it an error (see `loop`), just
+    completed."""
+    c = trace.scalar(column, max(t - 2, 0), t + 1)
     return len(c) == 3 and c[1] > 0 and c[2] > 0 and not c[0] > 0
 
 
