@@ -18,7 +18,8 @@ MAX_LAYERS_LISTED = 4
 
 def headline(run: Run) -> str:
     root = run.first_failure
-    where = f"{run.trace.n_steps} steps, {run.trace.n_layers} layers"
+    steps, layers = run.trace.n_steps, run.trace.n_layers
+    where = f"{steps} step{'s' * (steps != 1)}, {layers} layer{'s' * (layers != 1)}"
     if root is None:
         warnings = sum(e.severity == "warning" for e in run.events)
         extra = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""
