@@ -7,9 +7,9 @@ failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
 crossed its line (against the last two sampled steps), the input turned non-finite or
 all zero, the gradients were carried over (no zero_grad) or missing at the optimizer's
-step a second step in a row, or a number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the
-loss: a rise of `sqrt(loss_rise)`). It only decides *when* detection runs, never *what*
-it finds; a slow drift is found at the next batch.
+step a second step in a row, or a number moved by `sqrt(jump)` or more (gradients:
+`sqrt(jump_error)`; the loss: a rise of `sqrt(loss_rise)`). It only decides *when*
+detection runs, never *what* it finds; a slow drift is found at the next batch.
 """
 
 from __future__ import annotations
