@@ -289,7 +289,7 @@ def _validate_and_forget_train(at: int, back: int | None = None):
 
 
 def test_a_model_left_in_eval_mode_after_an_evaluation_is_a_warning_from_that_step():
-    """The commonest quiet bug in a notebook: evaluate, forget `model.train()`, train on
+    """A quiet bug common in notebooks: evaluate, forget `model.train()`, train on
     without dropout and with BatchNorm frozen on its running statistics. One warning at
     the first step trained so, ended when `model.train()` comes back; no error, and the
     training is the same with and without the watch."""
@@ -387,7 +387,7 @@ def test_a_loop_whose_weights_get_no_gradient_at_the_step_is_the_first_failure(h
     """zero_grad() between backward() and step(), or a loss that does not depend on the
     model: nothing trains, and no gradient number is there for the other detectors. The
     run said "no failure found". Now the loop is the first failure, at step 0, and
-    stop_on stops there; a loop that steps by hand (run.step()) is not judged."""
+    stop_on stops there."""
     def loop(model: nn.Module, steps: int) -> None:
         x, y = _batches()
         scale = nn.Parameter(torch.ones(2))  # something trains, whatever the model does
@@ -418,6 +418,8 @@ def test_a_loop_whose_weights_get_no_gradient_at_the_step_is_the_first_failure(h
 
 
 def test_a_loop_stepped_by_hand_may_clear_its_gradients():
+    """Steps closed by run.step() are not judged for missing gradients: such a loop
+    updates the weights itself and may clear the gradients before closing the step."""
     model = _eval_model()
     x, y = _batches()
     with ndbg.watch(model, report=False) as run:
