@@ -17,27 +17,27 @@ from ..trace import Trace
 from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 
 
+def _back(a: np.ndarray, k: int) -> np.ndarray:
+    """`a` moved down `k` rows: each row holds the value of `k` rows before (NaN above).
+    Row t judges the update of step t-1, whose numbers sit in earlier rows."""
+    out = np.full_like(a, np.nan)
+    out[k:] = a[:-k]
+    return out
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     w = trace.col("param_norm", lo, stop).astype(np.float64)
     upd = trace.col("update_ratio", lo, stop).astype(np.float64)
     lr = trace.scalar("lr", lo, stop)
     n = w.shape[0]
     # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
-    after = np.full_like(w, np.nan)
-    before = np.full_like(w, np.nan)
-    ratio = np.full_like(w, np.nan)
-    after[1:] = w[:-1]
-    before[2:] = w[:-2]
-    ratio[1:] = upd[:-1]
+    after, before, ratio = _back(w, 1), _back(w, 2), _back(upd, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)
     blown = ~np.isfinite(after) & ~np.isnan(after)
     codes = grade(~np.isnan(change) | blown, (blown | (change >= th.max_update), ERROR))
-    lr_at = np.full(n, np.nan)      # learning rate of the update judged at row t
-    lr_prev = np.full(n, np.nan)
-    lr_at[1:] = lr[:-1]
-    lr_prev[2:] = lr[:-2]
+    lr_at, lr_prev = _back(lr, 1), _back(lr, 2)  # learning rate of the update judged at row t
     first = lo
     # the step's lr is the primary optimizer's: not said of layers another one trains
     other_lr = {i.label for i in trace.layers if not i.primary_lr}
@@ -89,9 +89,8 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     # row t judges the update of step t-1 (as above): its size, the gradient it was
     # given and the one before, and the weight norms around the update of step t-2
-    ratio, grad, grad_before, w1, w2 = (np.full_like(w, np.nan) for _ in range(5))
-    ratio[1:], grad[1:], grad_before[2:] = upd[:-1], g[:-1], g[:-2]
-    w1[2:], w2[3:] = w[:-2], w[:-3]
+    ratio, grad, grad_before = _back(upd, 1), _back(g, 1), _back(g, 2)
+    w1, w2 = _back(w, 2), _back(w, 3)
     judged = np.array([i.has_params and i.primary_lr and i.type not in SPARSE_ROWS
                        for i in trace.layers], bool)[None, :]
     with np.errstate(invalid="ignore"):
