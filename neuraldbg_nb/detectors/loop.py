@@ -22,7 +22,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, HOLD, OK, WARNING, Finding
+from ._scan import ERROR, WARNING, Finding, grade
 
 
 def _eval_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
@@ -47,7 +47,8 @@ def _missing_message(name: str, step: int, v: float, previous: float, severity: 
 
 
 def _codes(values: np.ndarray, code: int) -> np.ndarray:
-    return np.where(np.isnan(values), HOLD, np.where(values > 0, code, OK)).astype(np.int8)
+    """`code` where a count or flag is above 0, OK at 0, HOLD where not measured."""
+    return grade(~np.isnan(values), (values > 0, code))
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
