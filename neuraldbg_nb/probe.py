@@ -88,16 +88,6 @@ def _guarded(hook: _Hook) -> _Hook:
 WEIGHT_PROBE = 4096
 """Elements of each weight tensor whose norm is read after every update."""
 
-HOLD_FREELY = 1 << 18
-"""Bytes below which a CPU activation is always held for capture until the step ends.
-
-Holding a layer's input and output until the step closes (so that an event found then
-can copy them) keeps memory alive that the backward would otherwise reuse; on the CPU the
-allocator then maps fresh pages for every step, which cost a conv net 5-10% of its step
-time. Larger CPU activations are held only where their layer looks unusual at once (see
-`Probe._unusual`); small ones cost nothing to hold. On accelerators everything is
-held: deciding would need the values on the host, one transfer per layer."""
-
 
 class Sampler:
     """Which steps get the full activation statistics.
@@ -154,7 +144,7 @@ class Probe:
                  overhead: float | None = None, hold_jump: float, cost: SelfCost,
                  on_step: Callable[[StepRecord], None],
                  on_error: Callable[[Exception, str], None]) -> None:
-        """`hold_jump`: the abs-max move that makes a large CPU activation worth holding
+        """`hold_jump`: the abs-max move that makes a CPU activation worth holding
         for capture (the watch passes `Thresholds.wake_jump`, the wake test's factor).
         `cost`: where the probe records its own time, step by step. `on_error`: told of an
         error in a hook (the exception, the hook's name) before the probe stops; it may
@@ -487,8 +477,7 @@ class Probe:
             spent = _clock() - t0
             self._rich_s += spent
             t_in += spent  # the per-step checks' time goes on without it
-        if self._hold and (self._hold_all or numel * y.element_size() < HOLD_FREELY
-                           or not host or self._unusual(idx, mn, mx)):
+        if self._hold and (self._hold_all or not host or self._unusual(idx, mn, mx)):
             self._refs[idx] = (x, y)  # the capture store detaches them
         self._hook_s += _clock() - t_in
 
@@ -528,13 +517,19 @@ class Probe:
         return mx, mx
 
     def _unusual(self, idx: int, mn: float, mx: float) -> bool:
-        """Is a large CPU activation worth holding for capture (see `HOLD_FREELY`)? When
-        it is non-finite or its abs-max moved by `hold_jump` or more since the last step
-        (the same test that wakes detection). Small activations, all of them on sampled
-        steps (dead units and saturation are judged there) and reference steps, and all
-        of them on accelerators (deciding would need a transfer) are always held. An
-        event on a layer that looked normal (a gradient one) is then captured without its
-        input and output."""
+        """Is a CPU activation worth holding for capture at a quiet step? When it is
+        non-finite or its abs-max moved by `hold_jump` or more since the last step (the
+        same test that wakes detection). Sampled steps (dead units and saturation are
+        judged there) and reference steps hold them all, and so do accelerators (deciding
+        would need a transfer). An event on a layer that looked normal (a gradient one)
+        at a quiet step is then captured without its input and output.
+
+        Holding a layer's input and output until the step closes keeps memory alive that
+        the forward and backward would otherwise reuse, so the allocator hands out fresh
+        memory every step: large activations cost a conv net 5-10% of its step time that
+        way (fresh pages), and small ones, held freely until session 13, cost the
+        100-layer MLP 4% (`benchmarks/compare.py`: 200 blocks of 64 KB a step, released
+        cold at the close)."""
         now = max(abs(mn), abs(mx))  # a NaN is in both
         before = self._last_absmax[idx] if idx < len(self._last_absmax) else math.nan
         if now == before:

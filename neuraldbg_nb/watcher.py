@@ -322,8 +322,8 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     stop_on: "error" raises `TrainingFailure` at the first error event, so training stops
         at the cause instead of running on in NaNs.
     capture_mb: memory budget for captured tensors (0 turns capture off). On the CPU a
-        layer's large input and output are kept for capture only at steps where the
-        layer looks unusual, sampled steps and reference steps (see `probe.HOLD_FREELY`).
+        layer's input and output are kept for capture only at steps where the layer
+        looks unusual, sampled steps and reference steps (see `Probe._unusual`).
     sample_every: full activation statistics every N steps at most (non-finite values
         and abs-max are checked every step).
     overhead: a budget for watching, as a fraction of the step time (e.g. 0.02): the

@@ -84,8 +84,9 @@ def test_a_tensor_under_two_names_is_copied_and_counted_once() -> None:
 
 
 # -- what the probe holds for capture (real trainings) --------------------------------------
-def _wide_run(step_of_fault: int, kind: str):
-    """A 3-layer MLP with 1 MB activations (batch 512 x 512): a gradient blown up 1e6 x
+def _wide_run(step_of_fault: int, kind: str, batch: int = 512):
+    """A 3-layer MLP with 1 MB activations (batch 512 x 512; 32 KB at batch 16): a
+    gradient blown up 1e6 x
     at layer '2' (kind 'grad': the forward looks normal) or its weights x1000 (kind
     'weight': the forward jumps) at one step that is neither sampled nor a reference."""
     torch.manual_seed(0)
@@ -93,7 +94,7 @@ def _wide_run(step_of_fault: int, kind: str):
                           nn.Linear(512, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(512, 64, generator=g), torch.randint(0, 4, (512,), generator=g)
+    x, y = torch.randn(batch, 64, generator=g), torch.randint(0, 4, (batch,), generator=g)
     step = 0
     model[2].weight.register_hook(
         lambda grad: grad * 1e6 if kind == "grad" and step == step_of_fault else grad)
@@ -116,12 +117,14 @@ def test_a_large_cpu_activation_is_held_where_its_layer_jumps():
     assert cap.step == 13 and cap["output"].shape == (512, 512) and cap["input"] is not None
 
 
-def test_a_large_cpu_activation_that_looked_normal_is_not_held(monkeypatch):
-    """A gradient event on a layer whose forward looked normal: on the CPU its 1 MB input
-    and output were not held through the backward (the allocator cost), so the capture
-    has the weights and gradients only, and asking for the output says why. The
-    accelerator code path holds them."""
-    run = _wide_run(13, "grad")
+@pytest.mark.parametrize("batch", [512, 16])
+def test_a_cpu_activation_that_looked_normal_is_not_held(monkeypatch, batch):
+    """A gradient event on a layer whose forward looked normal: on the CPU its input and
+    output were not held through the backward (the allocator cost: fresh pages for 1 MB
+    ones, 4% of a 100-layer MLP's step for its 64 KB ones), so the capture has the
+    weights and gradients only, and asking for the output says why. The accelerator code
+    path holds them."""
+    run = _wide_run(13, "grad", batch)
     event = next(e for e in run.events if e.layer == "2" and e.kind == "exploding_gradient")
     assert event.step == 13
     cap = run.inspect(event)
@@ -131,9 +134,9 @@ def test_a_large_cpu_activation_that_looked_normal_is_not_held(monkeypatch):
         cap["output"]
 
     monkeypatch.setattr(stats, "HOST_DEVICES", frozenset())
-    run = _wide_run(13, "grad")
+    run = _wide_run(13, "grad", batch)
     event = next(e for e in run.events if e.layer == "2" and e.kind == "exploding_gradient")
-    assert run.inspect(event)["output"].shape == (512, 512)
+    assert run.inspect(event)["output"].shape == (batch, 512)
 
 
 def test_large_copies_are_exact_in_pages_of_their_own():
