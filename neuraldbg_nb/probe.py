@@ -882,11 +882,14 @@ class Probe:
         self._pending_post = self._pending_update = None
         self._reset_step()
 
-    def close_partial(self) -> str:
+    def close_partial(self) -> tuple[str, str]:
         """At exit of a loop that never stepped: what was recorded becomes one step.
-        Returns why, for the run's notes: no optimizer at all, or one that trains none
-        of the watched parameters (`foreign_steps`)."""
+        Returns (what it means, in a clause for the story's headline; why, for the run's
+        notes): no optimizer at all, or one that trains none of the watched parameters
+        (`foreign_steps`)."""
         if self.foreign_steps:
+            what = ("the model did not train: the optimizer that stepped trains none of its "
+                    "parameters")
             why = (f"an optimizer stepped {self.foreign_steps} time"
                    f"{'s' * (self.foreign_steps != 1)}, but none of the parameters it trains "
                    f"are the watched model's: the model never changed, and the whole block "
@@ -896,10 +899,11 @@ class Probe:
                    f"optimizer again from this model, e.g. "
                    f"torch.optim.AdamW(model.parameters()).")
         else:
+            what = "no optimizer step was seen, so the block was not judged step by step"
             why = ("no optimizer step was seen, so the whole block was recorded as one step. "
                    "Call run.step() once per training step in loops without an optimizer.")
         self._close(None)
-        return why
+        return what, why
 
     # -- host-side assembly ---------------------------------------------------------
     def _absmax(self, mins: list[float], maxs: list[float], n: int) -> np.ndarray:

@@ -59,6 +59,9 @@ class Run:
         """The capture last opened by `inspect` or a click in the panel."""
         self.notes: list[str] = []
         """Plain-language notes about what could not be watched (compiled code, ...)."""
+        self.unstepped: str | None = None
+        """Why a live run recorded its whole block as one step, where no optimizer step
+        of the watched model was seen (the story's headline says it; a note says more)."""
         self._probe: Any = None
         self.cost: SelfCost | None = None
         """The engine's own time per step, measured while training (None when loaded)."""
@@ -124,6 +127,7 @@ class Run:
         other._baselines = self._baselines
         other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
+        other.unstepped = self.unstepped
         other.cost, other._saved_cost = self.cost, self._saved_cost
         other.loaded_from = self.loaded_from
         other.selected = self.selected
@@ -220,7 +224,8 @@ class Run:
         self.trace.save(path)
         cost = self.overhead
         meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
-                "notes": self.notes, "events": [e.to_dict() for e in self.events],
+                "notes": self.notes, "unstepped": self.unstepped,
+                "events": [e.to_dict() for e in self.events],
                 "overhead": asdict(cost) if cost is not None else None}
         path.with_suffix(".json").write_text(json.dumps(_strict(meta), indent=1,
                                                         allow_nan=False))
@@ -249,6 +254,7 @@ def load(path: str | Path) -> Run:
     run = Run(trace, th, CaptureStore(0), detection)
     run.status = meta.get("status", "finished")
     run.notes = list(meta.get("notes", []))
+    run.unstepped = meta.get("unstepped")
     if meta.get("overhead"):
         run._saved_cost = Overhead(**meta["overhead"])  # finite numbers only
     run.loaded_from = path.with_suffix(".npz")

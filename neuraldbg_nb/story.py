@@ -20,6 +20,8 @@ def headline(run: Run) -> str:
     root = run.first_failure
     steps, layers = run.trace.n_steps, run.trace.n_layers
     where = f"{steps} step{'s' * (steps != 1)}, {layers} layer{'s' * (layers != 1)}"
+    if root is None and run.unstepped:
+        return f"neuraldbg: {run.unstepped} (see the note)."
     if root is None:
         warnings = sum(e.severity == "warning" for e in run.events)
         extra = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""

@@ -121,7 +121,7 @@ class Watch:
                 pass  # nothing more to read from it: what it recorded is in the trace
             elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
                     and not self._probe.manual_steps and run.trace.n_steps == 0:
-                why = self._probe.close_partial()
+                run.unstepped, why = self._probe.close_partial()
                 self._note(why, f"neuraldbg: {why}", UserWarning)
             else:
                 self._probe.flush()

@@ -195,9 +195,11 @@ def test_loop_without_optimizer_or_step_calls_is_one_step_with_a_warning():
                 x, y = setup.batch(step)
                 F.cross_entropy(setup.model(x), y).backward()
     assert run.trace.n_steps == 1
+    assert str(run).startswith("neuraldbg: no optimizer step was seen, so the block was not "
+                               "judged step by step (see the note)."), str(run)
 
 
-def test_an_optimizer_made_for_an_earlier_copy_of_the_model_is_named_as_the_cause():
+def test_an_optimizer_made_for_an_earlier_copy_of_the_model_is_named_as_the_cause(tmp_path):
     """A notebook runs the model's cell again after the optimizer's: the optimizer trains
     the earlier copy's parameters, and the watched model never changes. Before, the run
     said that no optimizer step was seen and asked for run.step() calls."""
@@ -217,6 +219,11 @@ def test_an_optimizer_made_for_an_earlier_copy_of_the_model_is_named_as_the_caus
     (note,) = run.notes
     assert "stepped 5 times" in note and "model.parameters()" in note, note
     assert note in str(run)
+    headline = ("neuraldbg: the model did not train: the optimizer that stepped trains none "
+                "of its parameters (see the note).")
+    assert str(run).startswith(headline), str(run)
+    assert str(run.reclassify(jump=50)).startswith(headline)
+    assert str(ndbg.load(run.save(tmp_path / "stale"))).startswith(headline)
 
 
 def _gan(seed: int = 0):
