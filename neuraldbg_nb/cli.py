@@ -3,7 +3,8 @@
     neuraldbg demo [NAME]            train a built-in broken example under the debugger
     neuraldbg run [--save RUN.npz] script.py [args]
                                      run a training script under watch(), save the run
-                                     (options after the script are the script's own)
+                                     (options after the script are the script's own;
+                                     under torchrun, each rank saves RUN.rank<r>.npz)
     neuraldbg show RUN.npz           the story of a saved run
     neuraldbg show RUN.npz --vanish 1e-7 ...   the same run under other thresholds
 """
@@ -33,6 +34,14 @@ def _thresholds_args(p: argparse.ArgumentParser) -> None:
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in _SETTINGS if getattr(args, k) is not None}
+
+
+def _per_rank(path: Path, rank: tuple[int, int] | None) -> Path:
+    """Where a process saves its run: under torchrun each rank writes its own file
+    (`neuraldbg-run.rank1.npz`), where they would all write the same one."""
+    if rank is None:
+        return path
+    return path.with_name(f"{path.with_suffix('').name}.rank{rank[0]}.npz")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
         finally:
             sys.argv = saved_argv
-            print(f"neuraldbg: run saved to {w.run.save(args.save)}", file=sys.stderr)
+            print(f"neuraldbg: run saved to {w.run.save(_per_rank(args.save, w.run.rank))}",
+                  file=sys.stderr)
         return 0
 
     if not args.path.exists() and not args.path.with_suffix(".npz").exists():

@@ -292,9 +292,7 @@ class Probe:
         """Register root's layers and parameters; the layers that are new."""
         self._roots.add(id(root))
         self._root_modules.append(root)
-        inner = getattr(root, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if isinstance(inner, nn.Module):
-            root = inner
+        root = _unwrapped(root)
         self._modal.append((root, [m for m in root.modules() if acts_by_mode(m)]))
         seen = {id(p) for _, p, _ in self._owners}
         new = []
@@ -983,6 +981,22 @@ class Probe:
         out["in_repeat"] = float(fingerprint == self._last_fingerprint and not flagged)
         self._last_fingerprint = fingerprint
         return out
+
+
+_WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+
+
+def _unwrapped(root: nn.Module) -> nn.Module:
+    """The model inside the wrappers that add nothing to a layer's health: torch.compile's
+    OptimizedModule (`_orig_mod`), DistributedDataParallel and DataParallel (`module`), in
+    any nesting. Its layers are named as the user's model names them ("encoder.0", not
+    "module._orig_mod.encoder.0"); the hooks on the root stay on the wrapper, which is
+    what the loop calls."""
+    while True:
+        inner = root.module if isinstance(root, _WRAPPERS) else getattr(root, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return root
+        root = inner
 
 
 def _storage_at(t: torch.Tensor) -> int:

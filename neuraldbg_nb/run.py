@@ -59,6 +59,9 @@ class Run:
         """The capture last opened by `inspect` or a click in the panel."""
         self.notes: list[str] = []
         """Plain-language notes about what could not be watched (compiled code, ...)."""
+        self.rank: tuple[int, int] | None = None
+        """(rank, world size) of the process that recorded a distributed run of several
+        processes, None otherwise."""
         self.unstepped: str | None = None
         """Why a live run recorded its whole block as one step, where no optimizer step
         of the watched model was seen (the story's headline says it; a note says more)."""
@@ -127,7 +130,7 @@ class Run:
         other._baselines = self._baselines
         other.detection.advance(self.trace)
         other.status, other.exception, other.notes = self.status, self.exception, self.notes
-        other.unstepped = self.unstepped
+        other.unstepped, other.rank = self.unstepped, self.rank
         other.cost, other._saved_cost = self.cost, self._saved_cost
         other.loaded_from = self.loaded_from
         other.selected = self.selected
@@ -224,7 +227,7 @@ class Run:
         self.trace.save(path)
         cost = self.overhead
         meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
-                "notes": self.notes, "unstepped": self.unstepped,
+                "notes": self.notes, "unstepped": self.unstepped, "rank": self.rank,
                 "events": [e.to_dict() for e in self.events],
                 "overhead": asdict(cost) if cost is not None else None}
         path.with_suffix(".json").write_text(json.dumps(_strict(meta), indent=1,
@@ -255,6 +258,8 @@ def load(path: str | Path) -> Run:
     run.status = meta.get("status", "finished")
     run.notes = list(meta.get("notes", []))
     run.unstepped = meta.get("unstepped")
+    rank = meta.get("rank")
+    run.rank = (int(rank[0]), int(rank[1])) if rank else None
     if meta.get("overhead"):
         run._saved_cost = Overhead(**meta["overhead"])  # finite numbers only
     run.loaded_from = path.with_suffix(".npz")

@@ -20,16 +20,17 @@ def headline(run: Run) -> str:
     root = run.first_failure
     steps, layers = run.trace.n_steps, run.trace.n_layers
     where = f"{steps} step{'s' * (steps != 1)}, {layers} layer{'s' * (layers != 1)}"
+    who = "neuraldbg" if run.rank is None else f"neuraldbg [rank {run.rank[0]} of {run.rank[1]}]"
     if root is None and run.unstepped:
-        return f"neuraldbg: {run.unstepped} (see the note)."
+        return f"{who}: {run.unstepped} (see the note)."
     if root is None:
         warnings = sum(e.severity == "warning" for e in run.events)
         extra = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""
-        return f"neuraldbg: no failure found in {where}{extra}."
+        return f"{who}: no failure found in {where}{extra}."
     n = len(run.symptoms)
     tail = {0: "", 1: "; the event after it is a symptom"}.get(
         n, f"; the {n} events after it are symptoms")
-    return f"neuraldbg: first failure: {root.message}{tail}."
+    return f"{who}: first failure: {root.message}{tail}."
 
 
 def group(events: list[Event]) -> list[str]:
@@ -65,11 +66,25 @@ def _where(e: Event) -> str:
     return "the input batch" if e.kind == "data_anomaly" else "the training loop"
 
 
+GRADIENT_KINDS = frozenset({"vanishing_gradient", "exploding_gradient", "nonfinite_gradient",
+                            "exploding_update"})
+
+
+def _from_gradients(e: Event) -> bool:
+    """Does the event judge what the backward gave (gradients, or the update made of
+    them), rather than this process's own input, forward or loss?"""
+    return e.kind in GRADIENT_KINDS or (e.kind == "regime_shift" and e.signal == "gradient")
+
+
 def tell(run: Run) -> str:
     lines = [headline(run)]
     root = run.first_failure
     if root is not None:
         lines.append(f"  cause: [{root.kind}] step {root.step}, {_where(root)}")
+        if run.rank is not None and _from_gradients(root):
+            lines.append("  (a distributed run averages the gradients over the ranks: where "
+                         "this rank's input and activations were healthy, the failure may "
+                         "have started in another rank's batch or forward; see its report)")
         symptoms = run.symptoms
         if symptoms:
             lines.append("  what followed:")

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
+import torch
 from torch import nn
 
 from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
@@ -109,6 +110,7 @@ class Watch:
         self._active = True
         self.run.status = "training"
         self.run._probe = self._probe
+        self.run.rank = _rank()  # asked again at exit: the group may be made in the block
         self._probe.attach()
         _last = self.run
         return self.run
@@ -116,6 +118,7 @@ class Watch:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         run = self.run
+        run.rank = run.rank or _rank()
         try:
             if self._probe.failed:
                 pass  # nothing more to read from it: what it recorded is in the trace
@@ -299,6 +302,24 @@ class ScanSchedule:
         self._last_scan = time.perf_counter()
         if self._step_time > 0:
             self.interval = max(1, min(10_000, math.ceil(cost / (self.BUDGET * self._step_time))))
+
+
+def _rank() -> tuple[int, int] | None:
+    """(rank, world size) in a distributed run of several processes, None otherwise: each
+    process watches its own replica, and its story says which one it is (a rank's bad
+    batch reaches every rank's gradients through the all-reduce, but only its own
+    input and activations). From the process group where there is one, else from the
+    variables that torchrun and other launchers set (`RANK`, `WORLD_SIZE`): a watch is
+    often entered before the script makes its group (`neuraldbg run`)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        try:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except (KeyError, ValueError):
+            return None
+    return (rank, world) if world > 1 else None
 
 
 def _in_notebook() -> bool:
