@@ -32,8 +32,6 @@ class Kind(str, enum.Enum):
         return self.value
 
 
-
-
 @dataclass(frozen=True)
 class Event:
     """One transition in the run: a layer (or the data, or the loss) changed state.
