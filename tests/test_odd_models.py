@@ -913,6 +913,24 @@ def _with_model(setup, model):
     return replace(setup, model=model)
 
 
+# -- data-parallel wrappers ----------------------------------------------------------------
+def test_a_data_parallel_model_is_watched_under_its_own_layer_names():
+    """`nn.DataParallel` (on the CPU it calls the model as it is; the same unwrapping
+    serves DistributedDataParallel, `tests/test_distributed.py`): the same losses as the
+    plain model, layers named as in the model ("2", not "module.2"), and a weight blown
+    up at a known step found at that layer and step."""
+    plain = _loop_setup(mlp(), S)  # the steps before the fault
+    setup = mlp()
+    wrapped = nn.DataParallel(setup.model)
+    with ndbg.watch(wrapped, report=False) as run:
+        losses = _loop_setup(_with_model(setup, wrapped), STEPS,
+                             on_step_start=_scale_weight_at(setup.model, "2", S))
+    assert torch.equal(losses[:S], plain[:S])
+    assert [layer.name for layer in run.trace.layers] == ["0", "1", "2", "3", "4"]
+    ff = run.first_failure
+    assert (ff.layer, ff.step) == ("2", S), ff
+
+
 # -- watch() without a model ------------------------------------------------------------
 def test_watch_without_a_model_finds_the_same_failure():
     def faulty_run(with_model: bool):
