@@ -52,7 +52,7 @@ def main(out: Path, stop_on: Literal["error", "never"]) -> None:
             train()
     except ndbg.TrainingFailure:
         pass  # run.status says so
-    rank = run.rank[0] if run.rank else -1
+    rank = dist.get_rank()
     run.save(out / f"rank{rank}")
     (out / f"rank{rank}.txt").write_text(str(run))
     dist.destroy_process_group()
