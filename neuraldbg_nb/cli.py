@@ -22,8 +22,8 @@ from .run import TrainingFailure, load
 from .thresholds import Thresholds
 from .watcher import watch
 
-_SETTINGS = ("vanish", "explode", "jump", "jump_error", "dead", "saturated", "max_update",
-             "loss_rise")
+_SETTINGS = ("vanish", "explode", "jump", "jump_error", "dead", "saturated", "unmoved",
+             "max_update", "loss_rise")
 
 
 def _thresholds_args(p: argparse.ArgumentParser) -> None:

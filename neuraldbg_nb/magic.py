@@ -27,6 +27,8 @@ _THRESHOLD_OPTIONS = {
     "jump_error": "factor that makes an activation jump an error (default 100)",
     "dead": "fraction of dead ReLU units that is reported (default 0.5)",
     "saturated": "fraction of saturated outputs that is reported (default 0.5)",
+    "unmoved": "fraction of a half-precision layer's weights an update leaves unchanged that "
+               "is reported: its updates round away (default 0.9)",
     "max_update": "relative weight change in one update that is an error (default 1.0)",
     "loss_rise": "loss above its recent level by this factor is divergence (default 10)",
     "window": "steps of history a regime shift is measured against (default 20)",

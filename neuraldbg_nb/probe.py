@@ -210,6 +210,9 @@ class Probe:
         self._pending_post: tuple[list[int], list[int]] | None = None
         # the sampled update's norms: (moved, their layers, before, their layers)
         self._pending_update: tuple[list[int], list[int], list[int], list[int]] | None = None
+        # the sampled update's count of half-precision weights it left unchanged:
+        # (positions of the counts, their layers, elements each count is of)
+        self._pending_unmoved: tuple[list[int], list[int], list[int]] | None = None
         self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
             weakref.WeakKeyDictionary()  # other optimizers: do they train watched weights?
         self._other_lr: set[int] = set()  # modules whose weights another optimizer trains
@@ -746,7 +749,10 @@ class Probe:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = np.where(before > 0, moved / before, np.nan)
             self.trace.set_layer_values("update_ratio", step - 1, ratio.astype(np.float32))
-        self._pending_post = self._pending_update = None
+        if step > 0 and self._pending_unmoved is not None:
+            self.trace.set_layer_values("update_unmoved", step - 1,
+                                        _layer_fractions(v, *self._pending_unmoved, n))
+        self._pending_post = self._pending_update = self._pending_unmoved = None
 
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
                    "loss": self._loss(v), "sampled": float(self._sampled),
@@ -863,11 +869,32 @@ class Probe:
             moved = stats.stacked_norms(diffs, self._sc)
             if primary or self._pending_update is None:
                 self._pending_update = (moved, idx, stats.stacked_norms(before, self._sc), idx)
+                self._pending_unmoved = self._unmoved(now, before, idx)
             else:
                 m, m_idx, b, b_idx = self._pending_update
                 self._pending_update = (m + moved, m_idx + idx, b, b_idx)
         self._pending_post = (stats.stacked_norms(now, self._sc), idx)
         self._other_s += _clock() - t0
+
+    def _unmoved(self, now: stats.Stacks, before: stats.Stacks,
+                 idx: list[int]) -> tuple[list[int], list[int], list[int]] | None:
+        """How many of each half-precision weight slice's elements the primary optimizer's
+        update left exactly as they were: in bfloat16 an update below about 1/256 of a
+        weight (float16: 1/2048) rounds away, and a layer whose updates all do stops
+        learning without any other number moving (`updates.stall_findings`). float32
+        weights are left out: there an element stays put only where its gradient is zero
+        (a dead unit's), which other detectors report. Only the primary's update: another
+        optimizer's leaves the primary's weights unchanged by design."""
+        pos: list[int] = []
+        layers: list[int] = []
+        sizes: list[int] = []
+        for (i, x), (_, y) in zip(now, before):
+            if x.element_size() < 4 and x.is_floating_point():
+                start = self._sc.add_row((x == y).sum(dim=1, dtype=torch.float32))
+                pos += range(start, start + len(i))
+                layers += [idx[k] for k in i]
+                sizes += [x.shape[1]] * len(i)
+        return (pos, layers, sizes) if pos else None
 
     def flush(self) -> None:
         """At exit: move the last update's weight norms into the last row."""
@@ -877,7 +904,7 @@ class Probe:
         v = self._sc.to_host()
         self.trace.set_layer_values("param_norm", self.trace.n_steps - 1,
                                     _layer_norms(v, [(pos, idx)], self.trace.n_layers)[0])
-        self._pending_post = self._pending_update = None
+        self._pending_post = self._pending_update = self._pending_unmoved = None
         self._reset_step()
 
     def close_partial(self) -> tuple[str, str]:
@@ -1008,6 +1035,16 @@ def _storage_at(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # no storage of its own: nothing to match
         return 0
+
+
+def _layer_fractions(v: np.ndarray, pos: list[int], layers: list[int], sizes: list[int],
+                     n: int) -> np.ndarray:
+    """Per layer, the counts at `pos` in `v` summed over its tensors, over the elements
+    they are of; NaN for layers with none."""
+    counts = np.bincount(layers, v[np.array(pos, np.intp)], minlength=n)
+    total = np.bincount(layers, np.array(sizes, np.float64), minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (counts / total).astype(np.float32)
 
 
 def _layer_norms(v: np.ndarray, parts: list[tuple[list[int], list[int]]],

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 MAX_LAYERS_LISTED = 4
 
+SIGNAL_LABELS = {("weights_not_updated", "rounding"): " (half-precision updates round away)"}
+"""What a group's line adds to its kind where one kind has several causes."""
+
 
 def headline(run: Run) -> str:
     root = run.first_failure
@@ -42,7 +45,8 @@ def group(events: list[Event]) -> list[str]:
     for (kind, signal, severity), evs in sorted(groups.items(), key=lambda g: g[1][0].step):
         layers = [e.layer for e in evs if e.layer]
         first = min(e.step for e in evs)
-        label = kind.replace("_", " ") + (f" ({signal})" if kind == "regime_shift" else "")
+        label = kind.replace("_", " ") + (f" ({signal})" if kind == "regime_shift" else
+                                          SIGNAL_LABELS.get((kind, signal), ""))
         if layers:
             names = ", ".join(dict.fromkeys(layers[:MAX_LAYERS_LISTED]))
             more = len(set(layers)) - len(set(layers[:MAX_LAYERS_LISTED]))

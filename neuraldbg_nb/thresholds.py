@@ -39,6 +39,9 @@ class Thresholds:
     from 0.9 or the larger of this and 0.9."""
     saturated: float = 0.5
     """Fraction of a bounded activation's outputs pinned at its bounds."""
+    unmoved: float = 0.9
+    """Fraction of a half-precision layer's weights that an update leaves exactly as they
+    were (its updates round away: the layer stops learning); it ends below 0.8 of this."""
     max_update: float = 1.0
     """Relative change of a layer's weight norm in one optimizer step that counts as an
     exploding update (1.0: the norm doubled, or fell to zero)."""
@@ -64,7 +67,7 @@ class Thresholds:
             raise ValueError(
                 f"Thresholds.vanish ({self.vanish:g}) must be below explode ({self.explode:g})"
             )
-        for name in ("dead", "saturated"):
+        for name in ("dead", "saturated", "unmoved"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"Thresholds.{name} is a fraction in (0, 1], got "
                                  f"{getattr(self, name)!r}")

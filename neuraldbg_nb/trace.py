@@ -25,6 +25,8 @@ LAYER_COLUMNS: tuple[str, ...] = (
                       # 4096 elements of each tensor: the exact norm of smaller layers)
     "update_ratio",   # |w_after - w_before| / |w_before| of this step's update (sampled;
                       # of the same slice as param_norm)
+    "update_unmoved",  # fraction of the same slice that this step's update left exactly as
+                       # it was (sampled; half-precision weights only)
     "act_absmax",     # max |output| (every step; inf when any output is non-finite)
     "act_mean",       # mean of the output (sampled)
     "act_std",        # std of the output (sampled)
@@ -358,9 +360,10 @@ class Trace:
             n = len(z["step__loss"])
             while t._cap < n:
                 t._grow()
-            for c in LAYER_COLUMNS:
-                t._layer_cols[c][:n] = z[f"layer__{c}"]
-            for c in STEP_COLUMNS:  # a column newer than the file stays NaN (not measured)
+            for c in LAYER_COLUMNS:  # a column newer than the file stays NaN (not measured)
+                if f"layer__{c}" in z:
+                    t._layer_cols[c][:n] = z[f"layer__{c}"]
+            for c in STEP_COLUMNS:
                 if f"step__{c}" in z:
                     t._step_cols[c][:n] = z[f"step__{c}"]
             t._rows = n
@@ -368,7 +371,8 @@ class Trace:
             if "h_steps" in z:
                 t._off = int(z["offset"][0])
                 t._h_steps = z["h_steps"]
-                t._h_layer = {c: z[f"hlayer__{c}"] for c in LAYER_COLUMNS}
+                t._h_layer = {c: z[f"hlayer__{c}"] if f"hlayer__{c}" in z else
+                              t._blank(len(t._h_steps), len(t.layers)) for c in LAYER_COLUMNS}
                 t._h_step = {c: z[f"hstep__{c}"] if f"hstep__{c}" in z else
                              np.full(len(t._h_steps), np.nan) for c in STEP_COLUMNS}
         return t

@@ -618,6 +618,46 @@ def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
         [("fc1", 10)]
 
 
+def test_half_precision_updates_that_round_away_are_a_layer_that_stopped_learning():
+    """A half-precision layer whose update leaves nine in ten of its weights exactly as
+    they were has stopped learning (the updates round away): a warning at the step of
+    that update, which says why and at which learning rate. One event for a fraction
+    hovering at the line, a recovery once it falls well below it; an update at a learning
+    rate of 0 and a stale gradient are not judged; float32 layers (no fraction) are not
+    judged by it."""
+    g = noisy(0.1, cols=3)
+    unmoved = np.full((N, 3), np.nan)    # the update of step s is in row s (sampled)
+    unmoved[::10, :2] = 0.3
+    unmoved[20::10, 0] = 0.95            # rounds away from the update of step 20 ...
+    unmoved[50, 0] = 0.5                 # ... and moves again at step 50
+    unmoved[10::10, 1] = [0.92, 0.85, 0.93, 0.86, 0.91]  # hovers at the line from 10
+    lr = np.full(N, 1e-5)
+    t = build([("fc0", "other"), ("fc1", "other"), ("fc2", "other")],
+              {"grad_norm": g, "update_unmoved": unmoved, "update_ratio": np.where(
+                  np.isnan(unmoved), np.nan, 1e-4), "param_norm": np.full((N, 3), 5.0)},
+              {"lr": lr})
+    _, events = detect(t)
+    rounded = of(events, "weights_not_updated", signal="rounding")
+    assert [(e.layer, e.step, e.severity) for e in rounded] == \
+        [("fc1", 10, "warning"), ("fc0", 20, "warning")], rounded
+    assert "95% of its half-precision weights" in rounded[1].message
+    assert "learning rate of 1e-05" in rounded[1].message and "autocast" in rounded[1].message
+    (back,) = of(events, "recovery", layer="fc0")
+    assert (back.step, rounded[1].end) == (50, 50)
+    assert rounded[0].end is None        # 0.85 and 0.86 are not a recovery
+    assert not of(events, "weights_not_updated", layer="fc2")  # float32: not judged here
+    assert first_failure(events, ndbg.Thresholds()) is None
+
+    lr[20] = lr[21] = 0.0                # the update of step 20 at a learning rate of 0
+    g[20:, 1] = g[20, 1]                 # fc1's gradient stale from step 20 on
+    unmoved[10, 1] = 0.3
+    t = build([("fc0", "other"), ("fc1", "other")],
+              {"grad_norm": g[:, :2], "update_unmoved": unmoved[:, :2]}, {"lr": lr})
+    assert [(e.layer, e.step) for e in of(detect(t)[1], "weights_not_updated")] == \
+        [("fc0", 30)]
+    assert not of(detect(t, ndbg.Thresholds(unmoved=0.99))[1], "weights_not_updated")
+
+
 def test_gradients_carried_over_two_steps_in_a_row_are_the_first_failure():
     """A loop without zero_grad: an error from the first step whose gradients still held
     the last step's, held two steps (one such step alone is not enough), and the root

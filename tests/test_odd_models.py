@@ -697,6 +697,73 @@ def test_parameters_not_in_the_optimizer(every):
     assert "not in the optimizer" in stuck.message
 
 
+def _half_training(dtype: torch.dtype, steps: int, drop_at: int | None = None
+                   ) -> tuple[ndbg.Run, list[float]]:
+    """The test MLP cast whole to `dtype` (`model.to(dtype)`, as memory-saving training
+    does), AdamW at 1e-3, its learning rate dropped to 1e-5 at `drop_at`."""
+    setup = mlp()
+    model = setup.model.to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(steps):
+            if step == drop_at:
+                for group in opt.param_groups:
+                    group["lr"] = 1e-5
+            x, y = setup.batch(step)
+            loss = F.cross_entropy(model(x.to(dtype)).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return run, losses
+
+
+def test_bfloat16_updates_that_round_away_are_found_at_their_step():
+    """A model trained in bfloat16 whose learning rate drops to 1e-5 at step 40: from
+    that update on, nearly every weight update is below bfloat16's precision and rounds
+    away, so the model stops learning while every other number stays ordinary. The run
+    says so at step 40, first for the first layer, with the cause. The same training in
+    float32 (whose small updates still land) and bfloat16 at 1e-3 say nothing of it."""
+    run, _ = _half_training(torch.bfloat16, 80, drop_at=40)
+    _no_errors(run)
+    rounded = [e for e in run.events if e.kind == "weights_not_updated"]
+    assert [(e.layer, e.step, e.signal) for e in rounded] == \
+        [("0", 40, "rounding"), ("2", 40, "rounding"), ("4", 40, "rounding")], rounded
+    assert "half-precision weights exactly as they were at a learning rate of 1e-05" in \
+        rounded[0].message
+    assert "(half-precision updates round away) in 3 layers from step 40" in str(run)
+    unmoved = run.trace.col("update_unmoved")[:, 0]
+    assert (unmoved[40::10] >= 0.9).all() and (unmoved[:40][~np.isnan(unmoved[:40])] < 0.9).all()
+
+    for dtype, drop_at in ((torch.float32, 40), (torch.bfloat16, None)):
+        quiet, _ = _half_training(dtype, 120, drop_at=drop_at)
+        assert not [e for e in quiet.events if e.kind == "weights_not_updated"], dtype
+    assert not np.isnan(quiet.trace.col("update_unmoved")).all()  # measured in bfloat16 ...
+    assert np.isnan(_half_training(torch.float32, 20)[0].trace.col("update_unmoved")).all()
+
+
+def test_a_half_precision_training_is_unchanged_by_watching():
+    """The update's unchanged weights are counted on copies: the losses of a bfloat16
+    training are the same, bit for bit, with and without the watch."""
+    _, watched = _half_training(torch.bfloat16, 30, drop_at=20)
+    setup = mlp()
+    model = setup.model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    plain = []
+    for step in range(30):
+        if step == 20:
+            for group in opt.param_groups:
+                group["lr"] = 1e-5
+        x, y = setup.batch(step)
+        loss = F.cross_entropy(model(x.to(torch.bfloat16)).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        plain.append(loss.item())
+    assert watched == plain
+
+
 def test_a_warm_up_from_a_learning_rate_of_zero_is_not_a_layer_left_out():
     """The first update of a warm-up at a learning rate of 0 moves nothing, and the
     next ones move the weights by very little: none of it is a layer out of the

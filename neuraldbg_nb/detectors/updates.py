@@ -90,6 +90,7 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     # row t judges the update of step t-1 (as above): its size, the gradient it was
     # given and the one before, and the weight norms around the update of step t-2
     ratio, grad, grad_before = _back(upd, 1), _back(g, 1), _back(g, 2)
+    unmoved = _back(trace.col("update_unmoved", lo, stop).astype(np.float64), 1)
     w1, w2 = _back(w, 2), _back(w, 3)
     judged = np.array([i.has_params and i.primary_lr and i.type not in SPARSE_ROWS
                        for i in trace.layers], bool)[None, :]
@@ -98,7 +99,8 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         # generator sitting out a step, without zero_grad) reads the very same norm: it
         # pushes nothing this step
         pushed = np.isfinite(grad) & (grad > 0) & (grad != grad_before)
-        known = judged & pushed & ~np.isnan(ratio)
+        # a half-precision layer is judged by how many of its weights stayed put (below)
+        known = judged & pushed & ~np.isnan(ratio) & np.isnan(unmoved)
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
     codes = grade(known, (still, WARNING))
 
@@ -110,7 +112,44 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
 
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
-                    step_offset=-1)]
+                    step_offset=-1),
+            _rounded(unmoved, judged & pushed, _back(trace.scalar("lr", lo, stop), 1), lo, th)]
+
+
+def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,
+             th: Thresholds) -> Finding:
+    """Half-precision weights that the updates leave as they were: bfloat16 keeps 8
+    significant bits, so an update below about 1/256 of a weight rounds away (float16:
+    1/2048), and a layer whose updates mostly do stops learning while its gradients, its
+    loss and every other number look ordinary. It shows at a small learning rate, late in
+    training as Adam's steps shrink, and in a model cast to bfloat16 whole (`model.bfloat16()`)
+    instead of trained under autocast, which keeps float32 weights.
+
+    Judged at sampled steps (`update_unmoved`, of the weight probe's slice), where the
+    layer has a fresh gradient and the update's learning rate is not 0 (a warm-up's first
+    step). A warning from `th.unmoved` of its weights unchanged; it ends below 0.8 of
+    that, and in between the last verdict holds, so a fraction hovering at the line
+    gives one event. Healthy bfloat16 training leaves a third to three quarters of the
+    weights unchanged late in a run; a stalled one, nine in ten and more."""
+    with np.errstate(invalid="ignore"):
+        seen = judged & ~np.isnan(unmoved) & ~(lr[:, None] <= 0)
+        codes = grade(seen & ((unmoved >= th.unmoved) | (unmoved < 0.8 * th.unmoved)),
+                      (unmoved >= th.unmoved, WARNING))
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        row = s + 1 - lo  # the row that judges the update of step s
+        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        at = f" at a learning rate of {fmt(rate)}" if np.isfinite(rate) else ""
+        return (f"{name}: the update of step {s} left {v:.0%} of its half-precision weights "
+                f"exactly as they were{at}: updates below their precision (about 1/256 of a "
+                f"weight in bfloat16) round away, so the layer has stopped learning. Keep "
+                f"the weights in float32 and run the forward under torch.autocast, or raise "
+                f"the learning rate")
+
+    return Finding("weights_not_updated", "rounding", codes, unmoved, message=message,
+                   recovery=lambda n, s, v, p, sev: (f"{n}: updates move its weights again "
+                                                     f"at step {s} ({v:.0%} left unchanged)"),
+                   step_offset=-1)
 
 
 def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
