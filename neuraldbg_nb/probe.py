@@ -171,8 +171,13 @@ class Probe:
         # each root (its module, compiled or not) with its layers that act by mode
         self._modal: list[tuple[nn.Module, list[nn.Module]]] = []
         self._eval_layers = -1  # `_layers_in_eval` at the step's backwards; -1: none heard
-        # a gradient read at the last step boundary and its version then (`_carried`)
-        self._last_grad: tuple[weakref.ref[torch.Tensor], int] | None = None
+        # a gradient read at the last step boundary, its version then, and its weight
+        # (`_carried`)
+        self._last_grad: tuple[weakref.ref[torch.Tensor], int,
+                               weakref.ref[nn.Parameter]] | None = None
+        # the weight whose gradient `_carried` reads, and the optimizer it was chosen for
+        self._witness: tuple[weakref.ref[nn.Parameter],
+                             weakref.ref[torch.optim.Optimizer] | None] | None = None
         self._cand: dict[int, _Candidate] = {}
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
@@ -559,6 +564,12 @@ class Probe:
     def _on_backward(self, root: torch.Tensor) -> None:
         t0 = _clock()
         self._losses.append(self._sc.add(root.detach()))
+        if self._last_grad is not None:
+            g, p = self._last_grad[0](), self._last_grad[2]()
+            if g is not None and p is not None and p.grad is g and g.layout == torch.strided:
+                # the last step's gradient, still the weight's: zeroed in place, or not at all
+                self._starts.append(self._sc.add(torch.linalg.vector_norm(
+                    g.detach(), dtype=torch.float32 if g.element_size() < 4 else None)))
         self._eval_layers = max(self._eval_layers, self._layers_in_eval())
         self._other_s += _clock() - t0
 
@@ -653,6 +664,8 @@ class Probe:
         self._batch_rows.clear()
         self._inputs: list[tuple[dict[str, int], int]] = []
         self._losses: list[int] = []
+        # per backward that started on the last step's gradient: the norm it had then
+        self._starts: list[int] = []
         self._logged: list[int] = []
         self._logged_host: list[float] = []
         self._eval_layers = -1
@@ -667,6 +680,25 @@ class Probe:
         if len(self._params_cache) != len(self._owners):
             self._params_cache = [(name, p, self._layer(mid)) for name, p, mid in self._owners]
         return self._params_cache
+
+    def _witness_for(self, opt: torch.optim.Optimizer | None,
+                     params: list[tuple[str, nn.Parameter, int]]) -> nn.Parameter | None:
+        """The weight whose gradient stands for all in `_carried`: the smallest with a
+        gradient (its norm is read as each backward starts) of those the stepping
+        optimizer trains, or of the watched ones for a step closed by hand. Not any
+        watched weight: a model done training keeps its last gradients, which no later
+        backward touches. Kept while it has a gradient and the same optimizer steps."""
+        if self._witness is not None:
+            p, chosen_for = self._witness[0](), self._witness[1]
+            if (chosen_for() if chosen_for is not None else None) is opt and p is not None \
+                    and p.grad is not None:
+                return p
+        pool = [q for g in opt.param_groups for q in g["params"]] if opt is not None \
+            else [q for _, q, _ in params]
+        p = min((q for q in pool if q.grad is not None), key=lambda q: q.numel(), default=None)
+        self._witness = None if p is None else \
+            (weakref.ref(p), weakref.ref(opt) if opt is not None else None)
+        return p
 
     def _weight_probe(self) -> tuple[stats.StackPlan, list[int]]:
         """The first `WEIGHT_PROBE` elements of each trained weight (about as many of its
@@ -703,7 +735,6 @@ class Probe:
         params = self._params()
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = stats.grouped_norms([g for g, _ in with_grad], sc)
-        carried = self._carried(with_grad[0][0] if with_grad else None)
         missing = self._missing(opt, bool(with_grad), params)
         p_mn, p_mx = sc.extend(self._d_mn), sc.extend(self._d_mx)
         if self._rich_rows:
@@ -757,7 +788,8 @@ class Probe:
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
                    "loss": self._loss(v), "sampled": float(self._sampled),
                    "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan,
-                   "grad_carried": carried, "grads_missing": missing}
+                   "grad_carried": self._carried(self._witness_for(opt, params), v),
+                   "grads_missing": missing}
         scalars.update(self._input_scalars(v))
         self.trace.append(row, scalars)
 
@@ -771,23 +803,36 @@ class Probe:
             refs.clear()
             self._end_interval(step, t_enter)
 
-    def _carried(self, g: torch.Tensor | None) -> float:
+    def _carried(self, p: nn.Parameter | None, v: np.ndarray) -> float:
         """1.0 where this step's gradients still hold the last step's: the gradient read
-        at the last boundary is the same tensor, and its version moved by exactly this
-        step's backwards (each one adds into it) and by nothing else, so nothing zeroed it
-        (`zero_grad(set_to_none=True)`, the default, gives a new tensor; `set_to_none=
-        False` zeroes it in place, one more version). A loop without `zero_grad` adds
-        every batch's gradient to all the earlier ones. 0.0 where they are fresh, NaN
-        where it cannot be told (no gradient, no backward heard). One weight's gradient
-        stands for all: the loop zeroes all of them or none."""
+        at the last boundary is the same tensor, and every backward of the step started
+        on it while it still held values (`_on_backward` reads its norm then), so nothing
+        zeroed it (`zero_grad(set_to_none=True)`, the default, gives a new tensor;
+        `set_to_none=False` zeroes it in place). A loop without `zero_grad` adds every
+        batch's gradient to all the earlier ones. 0.0 where they are fresh, NaN where it
+        cannot be told (no gradient, no backward heard). One weight's gradient stands for
+        all (the loop zeroes all of them or none): `p`'s (`_witness_for`).
+
+        Values, not the version counter: a loop that clips (`clip_grad_norm_`) or unscales
+        (`GradScaler.unscale_`) its gradients in place moves the version once more, as
+        `set_to_none=False` does; and a backward that adds nothing to the weight (a GAN's
+        critic's, when only its generator is watched) moves it once less. A sparse
+        gradient, whose values are not read, is judged by its version: moved by exactly
+        the step's backwards."""
         last, self._last_grad = self._last_grad, None
         backwards = len(self._losses)
-        if g is None:
+        if p is None or p.grad is None:
             return math.nan
-        self._last_grad = (weakref.ref(g), g._version)
+        g = p.grad
+        self._last_grad = (weakref.ref(g), g._version, weakref.ref(p))
         if last is None or not backwards:
             return math.nan
-        return float(last[0]() is g and g._version - last[1] == backwards)
+        if last[0]() is not g:
+            return 0.0
+        if g.layout != torch.strided:
+            return float(g._version - last[1] == backwards)
+        starts = self._starts
+        return float(len(starts) == backwards and all(v[i] != 0 for i in starts))
 
     def _missing(self, opt: torch.optim.Optimizer | None, any_grad: bool,
                  params: list[tuple[str, nn.Parameter, int]]) -> float:

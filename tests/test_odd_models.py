@@ -370,6 +370,89 @@ def test_a_loop_without_zero_grad_is_the_first_failure_from_step_1():
     assert run.trace.n_steps <= 5, run.trace.n_steps
 
 
+def _clipped_loop(model: nn.Module, steps: int, how: str, zero: str) -> None:
+    """A loop that changes its gradients in place between the backward and the step
+    (`how`: clip_grad_norm_, or GradScaler's unscale_), and zeroes them `zero`: "never",
+    "before" the backward, "before, in place" (set_to_none=False), "after" the step in
+    place, or "accumulate" (three backwards per step, zeroed once before them)."""
+    setup = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
+    for step in range(steps):
+        if zero.startswith("before") or zero == "accumulate":
+            opt.zero_grad(set_to_none=zero != "before, in place")
+        for k in range(3 if zero == "accumulate" else 1):
+            x, y = setup.batch(3 * step + k)
+            loss = F.cross_entropy(model(x), y)
+            (scaler.scale(loss) if how == "unscale_" else loss).backward()
+        if how == "unscale_":
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        if zero == "after":
+            opt.zero_grad(set_to_none=False)
+
+
+@pytest.mark.parametrize("how", ["clip_grad_norm_", "unscale_"])
+def test_a_loop_without_zero_grad_that_clips_or_unscales_is_the_first_failure(how):
+    """A loop without zero_grad whose gradients are clipped or unscaled in place before
+    the step: the in-place change moves the gradient's version as zero_grad(set_to_none=
+    False) does, and the run said nothing. The gradient's values at each backward's start
+    (the last step's, still there) tell it: an error from step 1, the first failure."""
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        _clipped_loop(setup.model, 40, how, "never")
+    first = run.first_failure
+    assert first is not None and (first.kind, first.step) == ("grads_not_zeroed", 1), \
+        first or run.events
+    carried = run.trace.scalar("grad_carried")
+    assert np.isnan(carried[0]) and (carried[1:] == 1).all(), carried
+
+
+@pytest.mark.parametrize("zero", ["before", "before, in place", "after", "accumulate"])
+@pytest.mark.parametrize("how", ["clip_grad_norm_", "unscale_"])
+def test_a_loop_that_clips_or_unscales_and_zeroes_is_not_carried_over(how, zero):
+    """The same loops with their gradients zeroed, in every usual way: quiet."""
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False) as run:
+        _clipped_loop(setup.model, 30, how, zero)
+    carried = run.trace.scalar("grad_carried")
+    assert np.isnan(carried[0]) and (carried[1:] == 0).all(), carried
+    assert not [e for e in run.events if e.kind == "grads_not_zeroed"]
+
+
+def test_a_gan_whose_generator_alone_is_watched_zeroes_in_place_without_a_false_alarm():
+    """A GAN with zero_grad(set_to_none=False), only its generator watched: the
+    critic's own backward (on a detached fake) adds nothing to the generator's gradient,
+    and the generator's zero_grad zeroes it in place. The version counter moved by the
+    two backwards heard, as if nothing had zeroed it: an error at step 1 on a correct
+    loop. The gradient's values at each backward's start tell it: quiet."""
+    torch.manual_seed(0)
+    gen = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    critic = nn.Sequential(nn.Linear(2, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    opt_g = torch.optim.Adam(gen.parameters(), 1e-3)
+    opt_c = torch.optim.Adam(critic.parameters(), 1e-3)
+    bce = nn.BCEWithLogitsLoss()
+    data = torch.Generator().manual_seed(1)
+    with ndbg.watch(gen, report=False) as run:
+        for _ in range(30):
+            real = torch.randn(64, 2, generator=data) + 1
+            z = torch.randn(64, 8, generator=data)
+            opt_c.zero_grad(set_to_none=False)
+            (bce(critic(real), torch.ones(64, 1))
+             + bce(critic(gen(z).detach()), torch.zeros(64, 1))).backward()
+            opt_c.step()
+            opt_g.zero_grad(set_to_none=False)
+            bce(critic(gen(z)), torch.ones(64, 1)).backward()
+            opt_g.step()
+    carried = run.trace.scalar("grad_carried")
+    assert np.isnan(carried[0]) and (carried[1:] == 0).all(), carried
+    assert not [e for e in run.events if e.severity == "error"], run.events
+
+
 class Detached(nn.Module):
     """A model whose output is detached before the loss: its weights get no gradient."""
 

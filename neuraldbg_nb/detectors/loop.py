@@ -9,7 +9,8 @@
   updates grow step after step, and what shows, dozens of steps later, is a layer dying
   or jumping, which was blamed. The probe tells whether a step's gradients still held the
   last step's (`grad_carried`); it is an error from its first step, so the root cause is
-  the loop, not the layer it broke.
+  the loop, not the layer it broke. Clipping or unscaling the gradients in place
+  does not hide it: the probe reads one gradient's values as each backward starts.
 - A loop that clears the gradients between the backward and the optimizer's step
   (`zero_grad()` after `backward()`), or whose loss does not depend on the model, trains
   nothing: every gradient is missing at the step, and detectors of gradients see no
