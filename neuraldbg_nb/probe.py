@@ -2,10 +2,10 @@
 
 The probe only records: forward hooks summarise each layer's output on the device, the
 primary optimizer's step hooks mark step boundaries and read every watched gradient (and,
-after the update, every weight) with fused norms, and the loss tap hears the tensor that
-`backward()` was called on. At the step boundary the step's summaries go to the host in
-one transfer and become one trace row. What the numbers mean is decided elsewhere
-(`detect`), by a callback the probe does not know.
+after the update, every weight: `weight_probe`) with fused norms, and the loss tap hears
+the tensor that `backward()` was called on. At the step boundary the step's summaries go
+to the host in one transfer and become one trace row (`step_row`). What the numbers mean
+is decided elsewhere (`detect`), by a callback the probe does not know.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.hooks import RemovableHandle
 
-from . import loss_tap, stats
+from . import loss_tap, stats, step_row
 from .capture import is_reference_step
+from .carried import CarryCheck
 from .layers import (
     acts_by_mode,
     bounds_of,
@@ -37,8 +38,10 @@ from .layers import (
     own_params,
     role_of,
 )
+from .sampler import Sampler
 from .selfcost import SelfCost
 from .trace import Trace
+from .weight_probe import WeightProbe
 
 
 @dataclass
@@ -84,45 +87,6 @@ def _guarded(hook: _Hook) -> _Hook:
             self._fail(exc, hook.__name__.lstrip("_"))
             return None
     return guarded
-
-WEIGHT_PROBE = 4096
-"""Elements of each weight tensor whose norm is read after every update."""
-
-
-class Sampler:
-    """Which steps get the full activation statistics.
-
-    Every `every`-th step by default. With an `overhead` budget (a fraction of the step
-    time), the interval grows where the statistics cost more than the budget allows: the
-    time spent computing them on a sampled step, over the loop's step without the
-    engine's time, divided by what the per-step work leaves of the budget (at least a
-    quarter of it), is the interval that holds it (it only grows, by doublings).
-    Non-finite values are still caught every step by the cheap path, whatever the
-    interval. Because the budget is measured in time, which steps are sampled can differ
-    between two runs of the same training; `overhead=None` gives a fixed, reproducible
-    schedule.
-    """
-
-    MAX_INTERVAL = 1000
-
-    def __init__(self, every: int, overhead: float | None) -> None:
-        self.every = every
-        self.overhead = overhead
-        self.interval = every
-        self._next = 0
-
-    def next(self, step: int, sampled: bool, spent: float, plain: float,
-             floor: float) -> bool:
-        """Called when `step` closes, with the seconds its full statistics took, the
-        seconds of the loop's step without the engine, and the per-step work's share
-        of it (`SelfCost.floor`); True if step + 1 is to be sampled."""
-        if self.overhead and spent > 0 and plain > 0:
-            need = spent / plain / max(self.overhead - floor, self.overhead / 4)
-            while self.interval < min(need, self.MAX_INTERVAL):
-                self.interval *= 2  # only grows, in doublings: few distinct schedules
-        if sampled:
-            self._next = step + self.interval
-        return step + 1 >= self._next
 
 
 @dataclass
@@ -171,21 +135,12 @@ class Probe:
         # each root (its module, compiled or not) with its layers that act by mode
         self._modal: list[tuple[nn.Module, list[nn.Module]]] = []
         self._eval_layers = -1  # `_layers_in_eval` at the step's backwards; -1: none heard
-        # a gradient read at the last step boundary, its version then, and its weight
-        # (`_carried`)
-        self._last_grad: tuple[weakref.ref[torch.Tensor], int,
-                               weakref.ref[nn.Parameter]] | None = None
-        # the weight whose gradient `_carried` reads, and the optimizer it was chosen for
-        self._witness: tuple[weakref.ref[nn.Parameter],
-                             weakref.ref[torch.optim.Optimizer] | None] | None = None
+        self._carry = CarryCheck()
         self._cand: dict[int, _Candidate] = {}
         self._index: dict[int, int] = {}
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
         self._params_cache: list[tuple[str, nn.Parameter, int]] = []
-        self._probe_key: list[int] = []  # storage address of each trained weight, 0 if frozen
-        self._probe: tuple[stats.StackPlan, list[int]] = ([], [])  # weight slices, modules
-        self._probe_idx: list[int] | None = None  # their layers' indices, once numbered
-        self._probe_out: list[torch.Tensor] = []  # the after-update copy's stacks, reused
+        self._weights = WeightProbe(self._owners, self._layer)
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         self._root_depth = 0
         self._eval_call = False  # the model's call in progress began with gradients off
@@ -212,20 +167,13 @@ class Probe:
         self._root_outs: list[torch.Tensor] = []
         self._prev_outs: list[torch.Tensor] = []
         self._reset_step()
-        self._pending_post: tuple[list[int], list[int]] | None = None
-        # the sampled update's norms: (moved, their layers, before, their layers)
-        self._pending_update: tuple[list[int], list[int], list[int], list[int]] | None = None
-        # the sampled update's count of half-precision weights it left unchanged:
-        # (positions of the counts, their layers, elements each count is of)
-        self._pending_unmoved: tuple[list[int], list[int], list[int]] | None = None
         self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
             weakref.WeakKeyDictionary()  # other optimizers: do they train watched weights?
         self._other_lr: set[int] = set()  # modules whose weights another optimizer trains
         # steps of other optimizers since the primary's last one (see `_takes_over`)
         self._in_a_row: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
             weakref.WeakKeyDictionary()
-        self._before: stats.Stacks | None = None  # the weight probe before a sampled update
-        self._last_fingerprint: tuple[float, ...] | None = None
+        self._last_fingerprint: step_row.Fingerprint | None = None
         for prefix, root in roots or []:
             self._add_root(root, prefix)
 
@@ -273,7 +221,7 @@ class Probe:
             self._unsubscribe()
             self._unsubscribe = None
         self._refs.clear()
-        self._before = None
+        self._weights.release()
         self._root_depth = 0
         self._eval_call = False
         self._root_outs, self._prev_outs = [], []
@@ -287,7 +235,7 @@ class Probe:
         self._on_error(exc, where)
         self.failed = True
         self._refs.clear()
-        self._before = None
+        self._weights.release()
         self._root_outs, self._prev_outs = [], []
         self._batch_rows.release()
 
@@ -564,12 +512,7 @@ class Probe:
     def _on_backward(self, root: torch.Tensor) -> None:
         t0 = _clock()
         self._losses.append(self._sc.add(root.detach()))
-        if self._last_grad is not None:
-            g, p = self._last_grad[0](), self._last_grad[2]()
-            if g is not None and p is not None and p.grad is g and g.layout == torch.strided:
-                # the last step's gradient, still the weight's: zeroed in place, or not at all
-                self._starts.append(self._sc.add(torch.linalg.vector_norm(
-                    g.detach(), dtype=torch.float32 if g.element_size() < 4 else None)))
+        self._carry.at_backward(self._sc)
         self._eval_layers = max(self._eval_layers, self._layers_in_eval())
         self._other_s += _clock() - t0
 
@@ -610,10 +553,10 @@ class Probe:
                                                      else None))
             if not self._closure_step:
                 self._close(opt)
-        elif self._pending_update is not None and self._trains_watched(opt):
+        elif self._weights.measuring and self._trains_watched(opt):
             # another optimizer of the step (a GAN's generator): its update is measured
             # on the step the primary's was, and adds to it
-            self._before = stats.stacked(self._weight_probe()[0])
+            self._weights.keep_before()
 
     @_guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
@@ -664,8 +607,7 @@ class Probe:
         self._batch_rows.clear()
         self._inputs: list[tuple[dict[str, int], int]] = []
         self._losses: list[int] = []
-        # per backward that started on the last step's gradient: the norm it had then
-        self._starts: list[int] = []
+        self._carry.new_step()
         self._logged: list[int] = []
         self._logged_host: list[float] = []
         self._eval_layers = -1
@@ -681,55 +623,11 @@ class Probe:
             self._params_cache = [(name, p, self._layer(mid)) for name, p, mid in self._owners]
         return self._params_cache
 
-    def _witness_for(self, opt: torch.optim.Optimizer | None,
-                     params: list[tuple[str, nn.Parameter, int]]) -> nn.Parameter | None:
-        """The weight whose gradient stands for all in `_carried`: the smallest with a
-        gradient (its norm is read as each backward starts) of those the stepping
-        optimizer trains, or of the watched ones for a step closed by hand. Not any
-        watched weight: a model done training keeps its last gradients, which no later
-        backward touches. Kept while it has a gradient and the same optimizer steps."""
-        if self._witness is not None:
-            p, chosen_for = self._witness[0](), self._witness[1]
-            if (chosen_for() if chosen_for is not None else None) is opt and p is not None \
-                    and p.grad is not None:
-                return p
-        pool = [q for g in opt.param_groups for q in g["params"]] if opt is not None \
-            else [q for _, q, _ in params]
-        p = min((q for q in pool if q.grad is not None), key=lambda q: q.numel(), default=None)
-        self._witness = None if p is None else \
-            (weakref.ref(p), weakref.ref(opt) if opt is not None else None)
-        return p
-
-    def _weight_probe(self) -> tuple[stats.StackPlan, list[int]]:
-        """The first `WEIGHT_PROBE` elements of each trained weight (about as many of its
-        first rows where it is not contiguous, e.g. channels-last), as views grouped for
-        `stats.stacked`, and the id of its layer's module (`_probe_layers` numbers them:
-        a step given a closure copies the weights before its first forward, and layers
-        are numbered in forward order). Kept from step to step while every weight keeps
-        its storage and its `requires_grad` (so `p.data = ...` and freezing are
-        followed), which costs one address read per weight instead of building them
-        again."""
-        key = [p.data_ptr() if p.requires_grad else 0 for _, p, _ in self._owners]
-        if key != self._probe_key:
-            views, mids = [], []
-            for _, p, mid in self._owners:
-                if p.requires_grad:
-                    w = p.detach()
-                    views.append(w.view(-1)[:WEIGHT_PROBE] if w.is_contiguous() else
-                                 w[:max(1, WEIGHT_PROBE // max(1, w[0].numel()))])
-                    mids.append(mid)
-            plan = stats.stack_plan(views)
-            self._probe_key, self._probe, self._probe_idx = key, (plan, mids), None
-            self._probe_out = stats.stack_buffers(plan)
-        return self._probe
-
-    def _probe_layers(self) -> list[int]:
-        """The layer index of each of the weight probe's slices, in its order."""
-        if self._probe_idx is None:
-            self._probe_idx = [self._layer(mid) for mid in self._probe[1]]
-        return self._probe_idx
-
     def _close(self, opt: torch.optim.Optimizer | None) -> None:
+        """The step boundary: the step's numbers, queued on the device, go to the host in
+        one transfer and become one trace row (`step_row`), with the last update's
+        weights (`WeightProbe`) and whether the gradients were zeroed (`CarryCheck`);
+        then `on_step` (detection, capture) and the next step's sampling decision."""
         t_enter = _clock()
         sc = self._sc
         params = self._params()
@@ -760,37 +658,27 @@ class Probe:
             for j, lo, hi in zip(self._c_dev, v[p_mn:p_mn + k].tolist(),
                                  v[p_mx:p_mx + k].tolist()):
                 mins[j], maxs[j] = lo, hi
-        row["act_absmax"] = self._absmax(mins, maxs, n)
+        row["act_absmax"] = step_row.absmax(self._c_idx, mins, maxs, n)
         self.activations_seen = self.activations_seen or bool(self._c_idx)
         self._last_absmax = row["act_absmax"].tolist()
         if self._rich:
-            row.update(self._rich_columns(v, n))
-        parts = [(g_pos, [i for _, i in with_grad])]
-        if step > 0 and self._pending_post is not None:
-            parts.append(self._pending_post)
-            if self._pending_update is not None:
-                moved, moved_idx, before, before_idx = self._pending_update
-                parts += [(moved, moved_idx), (before, before_idx)]
-        norms = _layer_norms(v, parts, n)
+            row.update(step_row.rich_columns(self._rich, v, n))
+        # the last update's weight norms (`WeightProbe`) go into the last row, in one
+        # pass with this step's gradient norms
+        norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad])]
+                                     + (self._weights.parts() if step > 0 else []), n)
         row["grad_norm"] = norms[0]
-        if len(norms) > 1:
-            self.trace.set_layer_values("param_norm", step - 1, norms[1])
-        if len(norms) > 3:
-            moved, before = norms[2], norms[3]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(before > 0, moved / before, np.nan)
-            self.trace.set_layer_values("update_ratio", step - 1, ratio.astype(np.float32))
-        if step > 0 and self._pending_unmoved is not None:
-            self.trace.set_layer_values("update_unmoved", step - 1,
-                                        _layer_fractions(v, *self._pending_unmoved, n))
-        self._pending_post = self._pending_update = self._pending_unmoved = None
+        self._weights.record(self.trace, step - 1, norms[1:], v)
 
+        carried = self._carry.judge(self._carry.witness(opt, params), v, len(self._losses))
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
-                   "loss": self._loss(v), "sampled": float(self._sampled),
+                   "loss": step_row.loss(v, self._losses, self._logged, self._logged_host),
+                   "sampled": float(self._sampled),
                    "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan,
-                   "grad_carried": self._carried(self._witness_for(opt, params), v),
-                   "grads_missing": missing}
-        scalars.update(self._input_scalars(v))
+                   "grad_carried": carried, "grads_missing": missing}
+        inputs, self._last_fingerprint = step_row.input_scalars(self._inputs, v,
+                                                                 self._last_fingerprint)
+        scalars.update(inputs)
         self.trace.append(row, scalars)
 
         record = StepRecord(step, self._refs, self._batch, params)
@@ -802,37 +690,6 @@ class Probe:
         finally:
             refs.clear()
             self._end_interval(step, t_enter)
-
-    def _carried(self, p: nn.Parameter | None, v: np.ndarray) -> float:
-        """1.0 where this step's gradients still hold the last step's: the gradient read
-        at the last boundary is the same tensor, and every backward of the step started
-        on it while it still held values (`_on_backward` reads its norm then), so nothing
-        zeroed it (`zero_grad(set_to_none=True)`, the default, gives a new tensor;
-        `set_to_none=False` zeroes it in place). A loop without `zero_grad` adds every
-        batch's gradient to all the earlier ones. 0.0 where they are fresh, NaN where it
-        cannot be told (no gradient, no backward heard). One weight's gradient stands for
-        all (the loop zeroes all of them or none): `p`'s (`_witness_for`).
-
-        Values, not the version counter: a loop that clips (`clip_grad_norm_`) or unscales
-        (`GradScaler.unscale_`) its gradients in place moves the version once more, as
-        `set_to_none=False` does; and a backward that adds nothing to the weight (a GAN's
-        critic's, when only its generator is watched) moves it once less. A sparse
-        gradient, whose values are not read, is judged by its version: moved by exactly
-        the step's backwards."""
-        last, self._last_grad = self._last_grad, None
-        backwards = len(self._losses)
-        if p is None or p.grad is None:
-            return math.nan
-        g = p.grad
-        self._last_grad = (weakref.ref(g), g._version, weakref.ref(p))
-        if last is None or not backwards:
-            return math.nan
-        if last[0]() is not g:
-            return 0.0
-        if g.layout != torch.strided:
-            return float(g._version - last[1] == backwards)
-        starts = self._starts
-        return float(len(starts) == backwards and all(v[i] != 0 for i in starts))
 
     def _missing(self, opt: torch.optim.Optimizer | None, any_grad: bool,
                  params: list[tuple[str, nn.Parameter, int]]) -> float:
@@ -886,71 +743,19 @@ class Probe:
         """Before the update of a sampled step: the weight probe's copy that the update
         is measured against (`_after_update`)."""
         if self._sampled:
-            self._before = stats.stacked(self._weight_probe()[0])
+            self._weights.keep_before()
 
     def _after_update(self, primary: bool = True) -> None:
-        """After an optimizer's update: the weight probe (every step) and the update size
-        (sampled steps), sent with the next step's transfer. After the primary
-        optimizer's update, and after every other one that trains watched weights (a
-        GAN's generator): the weights are read after the last of them, and each one's
-        update adds to the step's (each weight is moved by one of them, so their squared
-        norms add up; the primary's copy before the update gives the sizes they are
-        measured against).
-
-        Both read the first `WEIGHT_PROBE` elements of each weight tensor: an update that
-        moves weights by more than their size (a bad learning rate, an in-place edit)
-        moves every part of them, and a fixed slice costs the same for a small layer and a
-        large one, where reading all the weights would be a full pass over the model. The
-        slices are copied in stacks of equal size (`stats.stacked`): a few ops for hundreds
-        of layers, and the copy taken before a sampled update is what it is compared with."""
+        """After an optimizer's update: the weight probe (`WeightProbe.after_update`),
+        sent with the next step's transfer."""
         t0 = _clock()
-        plan = self._weight_probe()[0]
-        idx = self._probe_layers()
-        now = stats.stacked(plan, self._probe_out)  # read below and dropped: one buffer
-        before, self._before = self._before, None
-        if before is not None and len(before) == len(now) and all(
-                a == b and x.shape == y.shape for (a, x), (b, y) in zip(now, before)):
-            diffs = [(i, x - y) for (i, x), (_, y) in zip(now, before)]
-            moved = stats.stacked_norms(diffs, self._sc)
-            if primary or self._pending_update is None:
-                self._pending_update = (moved, idx, stats.stacked_norms(before, self._sc), idx)
-                self._pending_unmoved = self._unmoved(now, before, idx)
-            else:
-                m, m_idx, b, b_idx = self._pending_update
-                self._pending_update = (m + moved, m_idx + idx, b, b_idx)
-        self._pending_post = (stats.stacked_norms(now, self._sc), idx)
+        self._weights.after_update(self._sc, primary)
         self._other_s += _clock() - t0
-
-    def _unmoved(self, now: stats.Stacks, before: stats.Stacks,
-                 idx: list[int]) -> tuple[list[int], list[int], list[int]] | None:
-        """How many of each half-precision weight slice's elements the primary optimizer's
-        update left exactly as they were: in bfloat16 an update below about 1/256 of a
-        weight (float16: 1/2048) rounds away, and a layer whose updates all do stops
-        learning without any other number moving (`updates.stall_findings`). float32
-        weights are left out: there an element stays put only where its gradient is zero
-        (a dead unit's), which other detectors report. Only the primary's update: another
-        optimizer's leaves the primary's weights unchanged by design."""
-        pos: list[int] = []
-        layers: list[int] = []
-        sizes: list[int] = []
-        for (i, x), (_, y) in zip(now, before):
-            if x.element_size() < 4 and x.is_floating_point():
-                start = self._sc.add_row((x == y).sum(dim=1, dtype=torch.float32))
-                pos += range(start, start + len(i))
-                layers += [idx[k] for k in i]
-                sizes += [x.shape[1]] * len(i)
-        return (pos, layers, sizes) if pos else None
 
     def flush(self) -> None:
         """At exit: move the last update's weight norms into the last row."""
-        if self._pending_post is None or self.trace.n_steps == 0:
-            return
-        pos, idx = self._pending_post
-        v = self._sc.to_host()
-        self.trace.set_layer_values("param_norm", self.trace.n_steps - 1,
-                                    _layer_norms(v, [(pos, idx)], self.trace.n_layers)[0])
-        self._pending_post = self._pending_update = self._pending_unmoved = None
-        self._reset_step()
+        if self._weights.flush(self.trace, self._sc):
+            self._reset_step()
 
     def close_partial(self) -> tuple[str, str]:
         """At exit of a loop that never stepped: what was recorded becomes one step.
@@ -974,85 +779,6 @@ class Probe:
                    "Call run.step() once per training step in loops without an optimizer.")
         self._close(None)
         return what, why
-
-    # -- host-side assembly ---------------------------------------------------------
-    def _absmax(self, mins: list[float], maxs: list[float], n: int) -> np.ndarray:
-        """Each layer's abs-max over its calls in the step (inf where any value was not
-        finite, NaN where it was not called). A loop over the calls: right after a
-        training step the caches are cold, and this loop took 26 us where the six numpy
-        calls it replaces took 93 us (`benchmarks/RESULTS.md`, session 12)."""
-        out = [math.nan] * n
-        inf, isnan = math.inf, math.isnan
-        for i, lo, hi in zip(self._c_idx, mins, maxs):
-            a = inf if isnan(lo) or isnan(hi) else max(abs(lo), abs(hi))  # NaN: not finite
-            if not out[i] >= a:  # the first call (NaN), or a larger one
-                out[i] = a
-        return np.array(out, np.float32)
-
-    def _rich_columns(self, v: np.ndarray, n: int) -> dict[str, np.ndarray]:
-        # per entry: layer, numel, then positions of sum, norm, zeros, non-finite, dead,
-        # saturated (-1: none), units, counted; read from v in a few array ops
-        e = np.array(self._rich, np.int64).reshape(-1, 10)
-        pos = e[:, 2:8]
-        got = np.where(pos >= 0, v[pos], 0.0)  # non-finite -1: known finite on the host
-        dead, sat = pos[:, 4] >= 0, pos[:, 5] >= 0
-        # numel, sum, sumsq, zeros, counted, non-finite, dead, units, saturated
-        vals = np.stack([e[:, 1], got[:, 0], got[:, 1] ** 2, got[:, 2], e[:, 9], got[:, 3],
-                         got[:, 4], np.where(dead, e[:, 8], 0), got[:, 5]], axis=1)
-        tot = np.zeros((n, 9))
-        np.add.at(tot, e[:, 0], vals)
-        has_dead = np.zeros(n, bool)
-        has_dead[e[dead, 0]] = True
-        has_sat = np.zeros(n, bool)
-        has_sat[e[sat, 0]] = True
-        counts = tot[:, 0]
-        seen = counts > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mean = tot[:, 1] / counts
-            std = np.sqrt(np.maximum(tot[:, 2] / counts - mean ** 2, 0.0))
-            cols = {
-                "act_mean": mean, "act_std": std,
-                "zero_frac": tot[:, 3] / tot[:, 4],
-                "act_nonfinite": tot[:, 5],
-                "dead_frac": np.where(has_dead & (tot[:, 7] > 0), tot[:, 6] / tot[:, 7], np.nan),
-                "sat_frac": np.where(has_sat, tot[:, 8] / tot[:, 4], np.nan),
-            }
-        return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
-
-    def _loss(self, v: np.ndarray) -> float:
-        values = ([v[p] for p in self._logged] + self._logged_host) if (
-            self._logged or self._logged_host) else [v[p] for p in self._losses]
-        if not values:
-            return math.nan
-        loss = float(sum(values) / len(values))  # np.mean: 60 us on a cold cache, this 1
-        return loss if math.isfinite(loss) else math.inf
-
-    def _input_scalars(self, v: np.ndarray) -> dict[str, float]:
-        if not self._inputs:
-            return {}
-        got = [({k: v[p] if p >= 0 else numel for k, p in pos.items()}, numel)
-               for pos, numel in self._inputs]  # p < 0: all finite, known on the host
-        numel = float(sum(n for _, n in got))
-        mins = [g["min"] for g, _ in got]
-        maxs = [g["max"] for g, _ in got]
-        absmax = max(abs(a) for a in mins + maxs)
-        flagged = not math.isfinite(absmax)
-        rich = all("finite" in g for g, _ in got)
-        # exact count on sampled steps; elsewhere "some" (inf) when min or max says so
-        nonfinite = numel - sum(g["finite"] for g, _ in got) if rich else (
-            math.inf if flagged else 0.0)
-        mean = sum(g["sum"] for g, _ in got) / numel
-        out = {"in_absmax": math.inf if flagged else absmax, "in_mean": mean,
-               "in_nonfinite": nonfinite,
-               "in_const": float(all(a == b for a, b in zip(mins, maxs)) and not flagged)}
-        if rich:
-            sq = sum(g["norm"] ** 2 for g, _ in got)
-            out["in_std"] = math.sqrt(max(sq / numel - mean ** 2, 0.0)) if not flagged else math.nan
-            out["in_zero_frac"] = 1.0 - sum(g["nonzero"] for g, _ in got) / numel
-        fingerprint = tuple(mins + maxs + [g["sum"] for g, _ in got] + [g["print"] for g, _ in got])
-        out["in_repeat"] = float(fingerprint == self._last_fingerprint and not flagged)
-        self._last_fingerprint = fingerprint
-        return out
 
 
 _WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
@@ -1080,31 +806,3 @@ def _storage_at(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # no storage of its own: nothing to match
         return 0
-
-
-def _layer_fractions(v: np.ndarray, pos: list[int], layers: list[int], sizes: list[int],
-                     n: int) -> np.ndarray:
-    """Per layer, the counts at `pos` in `v` summed over its tensors, over the elements
-    they are of; NaN for layers with none."""
-    counts = np.bincount(layers, v[np.array(pos, np.intp)], minlength=n)
-    total = np.bincount(layers, np.array(sizes, np.float64), minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (counts / total).astype(np.float32)
-
-
-def _layer_norms(v: np.ndarray, parts: list[tuple[list[int], list[int]]],
-                 n: int) -> np.ndarray:
-    """Per-layer norms (sqrt of summed squares of per-tensor norms) for each of `parts`,
-    (positions in `v`, layer indices), as the rows of one (len(parts), n) array: NaN for
-    layers with no tensor, inf where any tensor's norm is not finite. One pass for all of
-    a step's parts: after a training step the caches are cold, and each numpy call costs
-    several times what it does in a loop."""
-    pos = [p for ps, _ in parts for p in ps]
-    bins = np.array([k * n + i for k, (_, idx) in enumerate(parts) for i in idx], np.intp)
-    size = len(parts) * n
-    sq = v[np.array(pos, np.intp)] ** 2
-    total = np.bincount(bins, sq, minlength=size)  # NaN in any part stays NaN
-    out = np.sqrt(total)
-    out[np.isnan(out)] = np.inf
-    out[np.bincount(bins, minlength=size) == 0] = np.nan
-    return out.astype(np.float32).reshape(len(parts), n)

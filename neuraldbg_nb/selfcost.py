@@ -17,7 +17,7 @@ wait is left out, as are the engine's kernels, which run asynchronously among th
 training's.
 
 With an overhead budget (`watch(..., overhead=0.02)`) the full statistics of sampled
-steps get what the rest leaves of it (`probe.Sampler`). Sampling cannot lower the rest
+steps get what the rest leaves of it (`sampler.Sampler`). Sampling cannot lower the rest
 (every layer's non-finite check, one read of every gradient, detection, the trace):
 where it alone takes more than the budget, `budget_note` says so once, with the numbers
 and what does lower it.

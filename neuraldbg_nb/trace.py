@@ -44,7 +44,7 @@ STEP_COLUMNS: tuple[str, ...] = (
     "eval_layers",  # dropout/BatchNorm layers of a model in eval mode as the backward
                     # starts (0: training mode; see `Probe._layers_in_eval`)
     "grad_carried",  # 1: the step's gradients still held the last step's (no zero_grad;
-                     # see `Probe._carried`)
+                     # see `carried.CarryCheck`)
     "grads_missing",  # 1: a backward ran, but no weight had a gradient at the optimizer's
                       # step (see `Probe._missing`)
 )

@@ -18,7 +18,7 @@ from torch import nn
 import neuraldbg_nb as ndbg
 from neuraldbg_nb import serialize, stats
 from neuraldbg_nb.capture import is_reference_step
-from neuraldbg_nb.probe import Sampler
+from neuraldbg_nb.sampler import Sampler
 from neuraldbg_nb.selfcost import CHECK_EVERY, WARMUP, WINDOW, SelfCost
 
 
