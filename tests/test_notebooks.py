@@ -53,6 +53,9 @@ CLAIMS = {
     "07_bugs_of_the_loop.ipynb":
         r"LESSON OK: eval_mode step 23; weights_not_updated fc1 step 10; an optimizer of an "
         r"earlier model named; grads_not_zeroed step 1; fixed run quiet",
+    "08_half_precision.ipynb":
+        r"LESSON OK: weights_not_updated out step 70 \(rounding\), fc1 and fc2 by step 140; "
+        r"the loss stopped falling; float32 weights with autocast quiet",
 }
 
 
