@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .capture import Capture
+from .detectors.gradients import explode_line
 from .run import Run
 
 SERIES_POINTS = 1500
@@ -195,7 +196,7 @@ def _charts(run: Run, layer: int, step: int, cap: Capture | None) -> str:
     th = run.thresholds
     charts = [
         _line_chart(run, "grad_norm", "gradient norm", layer, step,
-                    {"vanish": th.vanish, "explode": th.explode}),
+                    {"vanish": th.vanish, "explode": explode_line(run.trace, th)[0]}),
         _line_chart(run, "act_absmax", "activation abs-max", layer, step, {}),
         _line_chart(run, "act_std", "activation std", layer, step, {}),
     ]

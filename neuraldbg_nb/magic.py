@@ -22,7 +22,8 @@ from .watcher import watch
 
 _THRESHOLD_OPTIONS = {
     "vanish": "gradient norm below which a layer's gradient has vanished (default 1e-6)",
-    "explode": "gradient norm above which it has exploded (default 1e3)",
+    "explode": "gradient norm above which it has exploded (default 1e3; scaled up where a "
+               "run's gradients start above 100)",
     "jump": "factor against a layer's own history that is a regime shift (default 10)",
     "jump_error": "factor that makes an activation jump an error (default 100)",
     "dead": "fraction of dead ReLU units that is reported (default 0.5)",

@@ -268,9 +268,10 @@ class Probe:
         idx = self._index.get(mid)
         if idx is None:
             c = self._cand[mid]
+            own = own_params(c.module)
             idx = c.index = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
-                                                 bool(own_params(c.module)),
-                                                 primary_lr=mid not in self._other_lr)
+                                                 bool(own), primary_lr=mid not in self._other_lr,
+                                                 params=sum(p.numel() for p in own))
             self._index[mid] = idx
         return idx
 

@@ -21,7 +21,8 @@ class Thresholds:
     vanish: float = 1e-6
     """Gradient norm of a layer's own parameters below which its gradient has vanished."""
     explode: float = 1e3
-    """Gradient norm above which a layer's gradient has exploded."""
+    """Gradient norm above which a layer's gradient has exploded; scaled up for a run
+    whose gradients start above 100 (`detectors.gradients.explode_line`)."""
     jump: float = 10.0
     """Factor against the layer's own recent history (in log space) that counts as a regime
     shift worth a warning."""

@@ -24,7 +24,7 @@ LAYER_COLUMNS: tuple[str, ...] = (
     "param_norm",     # norm of the layer's weights after this step's update (of the first
                       # 4096 elements of each tensor: the exact norm of smaller layers)
     "update_ratio",   # |w_after - w_before| / |w_before| of this step's update (sampled;
-                      # of the same slice as param_norm)
+                      # of the same slice as param_norm; inf where w_before was all zeros)
     "update_unmoved",  # fraction of the same slice that this step's update left exactly as
                        # it was (sampled; half-precision weights only)
     "act_absmax",     # max |output| (every step; inf when any output is non-finite)
@@ -65,6 +65,8 @@ class LayerInfo:
     primary_lr: bool = True
     """The step's `lr` is its learning rate: its weights are not trained by another
     optimizer than the one that marks the steps (a GAN's generator is)."""
+    params: int = -1
+    """Elements in its own parameters (-1: not recorded, a run saved before they were)."""
 
     @property
     def label(self) -> str:
@@ -99,6 +101,7 @@ class Trace:
         self._h_steps = np.zeros(0, np.int64)
         self._h_layer = {c: self._blank(0, 0) for c in LAYER_COLUMNS}
         self._h_step = {c: np.zeros(0) for c in STEP_COLUMNS}
+        self._first_grad = np.zeros(0, np.float32)
         self._version = 0
 
     @staticmethod
@@ -107,14 +110,15 @@ class Trace:
 
     # -- layers ---------------------------------------------------------------------
     def add_layer(self, name: str, type_: str = "", role: str = "other",
-                  has_params: bool = False, primary_lr: bool = True) -> int:
+                  has_params: bool = False, primary_lr: bool = True,
+                  params: int = -1) -> int:
         """Register a layer (idempotent by name); returns its column index, which is also
         its forward execution order."""
         if name in self._index:
             return self._index[name]
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        self.layers.append(LayerInfo(name, type_, role, has_params, primary_lr))
+        self.layers.append(LayerInfo(name, type_, role, has_params, primary_lr, params))
         self._version += 1
         self._index[name] = len(self.layers) - 1
         for cols in (self._layer_cols, self._h_layer):
@@ -122,6 +126,7 @@ class Trace:
                 grown = self._blank(a.shape[0], len(self.layers))
                 grown[:, : a.shape[1]] = a
                 cols[c] = grown
+        self._first_grad = np.append(self._first_grad, np.float32(np.nan))
         return self._index[name]
 
     def update_layer(self, index: int, **changes: Any) -> None:
@@ -154,6 +159,13 @@ class Trace:
         return self._off
 
     @property
+    def first_grad_norm(self) -> np.ndarray:
+        """Each layer's gradient norm at the run's first step (NaN for layers first seen
+        later): the scale the run's gradients started at, kept when the steps around it
+        are compacted (`detectors.gradients.explode_line`)."""
+        return self._first_grad
+
+    @property
     def version(self) -> int:
         """Counts the changes to the recorded numbers (a step appended or filled in late, a
         layer added, a compaction): what is derived from the trace at one version holds
@@ -168,6 +180,9 @@ class Trace:
         r = self._rows
         for c, v in layer_values.items():
             self._layer_cols[c][r, : len(v)] = v
+        if self._off + r == 0 and "grad_norm" in layer_values:
+            g = layer_values["grad_norm"]
+            self._first_grad[: len(g)] = g
         for name, x in scalars.items():
             self._step_cols[name][r] = x
         self._rows += 1
@@ -345,18 +360,19 @@ class Trace:
         arrays.update({f"step__{c}": self.scalar(c) for c in STEP_COLUMNS})
         arrays.update({f"hlayer__{c}": a for c, a in self._h_layer.items()})
         arrays.update({f"hstep__{c}": a for c, a in self._h_step.items()})
-        meta = np.array([[i.name, i.type, i.role, str(int(i.has_params)), str(int(i.primary_lr))]
-                         for i in self.layers], dtype=str).reshape(-1, 5)
-        arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]))
+        meta = np.array([[i.name, i.type, i.role, str(int(i.has_params)), str(int(i.primary_lr)),
+                          str(i.params)] for i in self.layers], dtype=str).reshape(-1, 6)
+        arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]),
+                      first_grad_norm=self._first_grad)
         np.savez_compressed(path, allow_pickle=False, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
         with np.load(path, allow_pickle=False) as z:
             t = cls()
-            for name, type_, role, has_params, *primary_lr in z["layers"]:  # 4: older files
+            for name, type_, role, has_params, *rest in z["layers"]:  # 4 or 5: older files
                 t.add_layer(str(name), str(type_), str(role), has_params == "1",
-                            primary_lr != ["0"])
+                            rest[:1] != ["0"], int(rest[1]) if len(rest) > 1 else -1)
             n = len(z["step__loss"])
             while t._cap < n:
                 t._grow()
@@ -375,4 +391,8 @@ class Trace:
                               t._blank(len(t._h_steps), len(t.layers)) for c in LAYER_COLUMNS}
                 t._h_step = {c: z[f"hstep__{c}"] if f"hstep__{c}" in z else
                              np.full(len(t._h_steps), np.nan) for c in STEP_COLUMNS}
+            if "first_grad_norm" in z:
+                t._first_grad[:] = z["first_grad_norm"]
+            elif t._off == 0 and n:  # an older file: its first step is still exact
+                t._first_grad[:] = t._layer_cols["grad_norm"][0]
         return t

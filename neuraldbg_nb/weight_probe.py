@@ -137,8 +137,9 @@ class WeightProbe:
             trace.set_layer_values("param_norm", step, norms[0])
         if len(norms) > 2:
             moved, before = norms[1], norms[2]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(before > 0, moved / before, np.nan)
+            with np.errstate(divide="ignore", invalid="ignore"):  # inf: from all zeros
+                ratio = np.where(before > 0, moved / before, np.where(moved > 0, np.inf,
+                                                                      np.nan))
             trace.set_layer_values("update_ratio", step, ratio.astype(np.float32))
         if self._unmoved is not None and step >= 0:
             trace.set_layer_values("update_unmoved", step,

@@ -103,21 +103,27 @@ def test_a_file_saved_without_events_is_judged_again_from_its_steps(tmp_path):
     assert loaded.overhead is None
 
 
-def test_a_file_saved_with_four_columns_of_layer_facts_still_loads(tmp_path):
-    """Files written before `LayerInfo.primary_lr` was saved: every layer's learning rate
-    is the step's."""
+@pytest.mark.parametrize("columns", [4, 5, 6])
+def test_a_file_saved_with_fewer_columns_of_layer_facts_still_loads(tmp_path, columns):
+    """Files written before `LayerInfo.primary_lr` (4 columns) or `LayerInfo.params` (5)
+    were saved: every layer's learning rate is the step's, its size is not known (-1)."""
     setup = mlp()
     with ndbg.watch(setup.model, report=False) as run:
         train(setup, 5)
     path = run.save(tmp_path / "old.npz")
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
-    assert arrays["layers"].shape[1] == 5
-    arrays["layers"] = arrays["layers"][:, :4]
+    assert arrays["layers"].shape[1] == 6
+    arrays["layers"] = arrays["layers"][:, :columns]
     np.savez_compressed(path, **arrays)
     loaded = ndbg.load(path)
     assert [i.name for i in loaded.trace.layers] == run.trace.layer_names
     assert all(i.primary_lr for i in loaded.trace.layers)
+    sizes = [i.params for i in loaded.trace.layers]
+    assert sizes == ([i.params for i in run.trace.layers] if columns == 6 else [-1] * len(sizes))
+    assert sizes[0] == (-1 if columns < 6 else
+                        sum(p.numel() for p in setup.model.get_submodule(
+                            run.trace.layer_names[0]).parameters()))
 
 
 def test_a_file_saved_before_the_eval_mode_column_still_loads(tmp_path):

@@ -241,6 +241,26 @@ def test_gradient_settled_at_the_vanish_line_gives_one_event():
     # a norm that starts in the band (small but never below the line) is no event
     assert of(detect(build([("a", "other")], {"grad_norm": noisy(3e-6)}))[1],
               "vanishing_gradient") == []
+@pytest.mark.parametrize("chunk", [1, 2, 60])
+def test_the_recovery_band_does_not_count_towards_patience(chunk):
+    # a zero-initialised residual branch: its gradient is exactly 0 at the first step and
+    # climbs through the band [vanish, 10 x vanish) (numbers of a ResNet with
+    # zero_init_residual); before, the band's steps counted as "vanishing" ones
+    g = noisy(1e-2, cols=2)
+    g[:4, 0] = [0.0, 2.76e-6, 7.2e-6, 1.48e-5]
+    # below the line on every other step, in the band in between: three steps below
+    g[20:25, 1] = [5e-7, 3e-6, 5e-7, 3e-6, 5e-7]
+    layers = [("a", "other"), ("b", "other")]
+    cols = {"grad_norm": g, "param_norm": np.ones((N, 2)), "update_ratio": noisy(1e-3, cols=2)}
+    _, events = detect(build(layers, cols))
+    assert of(events, "vanishing_gradient", "a") == []
+    van = of(events, "vanishing_gradient", "b")
+    assert [(e.step, e.end) for e in van] == [(20, 25)]
+    # the same, scanned live in chunks (the count is carried from chunk to chunk)
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
     """The live scan's trigger (`wake`), on the newest step of three as the live trace
     holds them (the weight norm after the newest update is not there yet, so weights are
@@ -583,6 +603,122 @@ def test_training_in_eval_mode_is_one_warning_from_its_first_step_to_model_train
     assert first_failure(events, ndbg.Thresholds()) is None, "a warning, not a failure"
     quiet = build([("fc", "other")], {"grad_norm": noisy(0.1)}, {"eval_layers": np.zeros(N)})
     assert not of(detect(quiet)[1], "eval_mode")
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_gradient_climbing_from_an_exact_zero_at_the_first_step_is_not_vanishing(chunk):
+    # a layer upstream of a zero-initialised BatchNorm weight: 0 at step 0, then climbing
+    # by about 1.6x a step (a ResNet's: 1.2e-7, 3.1e-7, 5.3e-7, ...): below the line for
+    # five steps, but starting, not vanishing
+    g = noisy(1e-2, cols=4)
+    g[0] = 0.0
+    g[1:17, 0] = 1.2e-7 * 1.6 ** np.arange(16)
+    g[1:, 1] = 0.0        # 0 and it stays 0 (a model initialised all to zeros)
+    g[1:17, 2] = 1e-8     # 0, then flat below the line: starting only while it rises
+    g[1:17, 3] = 1.2e-7 * 1.6 ** np.arange(16)
+    g[30:40, 3] = 1e-8    # the climbing one, vanishing later all the same
+    layers = [(c, "other") for c in "abcd"]
+    cols = {"grad_norm": g, "param_norm": np.ones((N, 4)), "update_ratio": noisy(1e-3, cols=4)}
+    _, events = detect(build(layers, cols))
+    van = {e.layer: e.step for e in of(events, "vanishing_gradient")}
+    assert van == {"b": 1, "c": 2, "d": 30}
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_weights_growing_from_zeros_are_not_an_exploding_update(chunk):
+    # "a": zeros before the update of step 0 (the weight probe's ratio is inf there), then
+    # SGD with momentum 0.9: each update 1 + 0.9 + ... times the first, so the norm goes
+    # 1, 2.9, 5.6, ... (x2.9 in the update of step 1); "b" the same from a norm of 1, an
+    # optimizer blow-up; "c" grows from zeros, then is multiplied by 5 in place at step 30
+    # (after `GROWING` updates); "d" grows from zeros and goes non-finite at step 3
+    v = np.cumsum(0.9 ** np.arange(N))
+    grown = np.cumsum(v)
+    w = np.stack([grown, 1 + grown, grown, grown], axis=1) * 0.0036
+    w[30:, 2] *= 5
+    w[3:, 3] = np.inf
+    upd = np.full((N, 4), np.nan)
+    upd[::10] = 1e-3
+    upd[0] = [np.inf, 1.0, np.inf, np.inf]
+    layers = [(c, "other") for c in "abcd"]
+    cols = {"grad_norm": noisy(1e-2, cols=4), "param_norm": w, "update_ratio": upd}
+    _, events = detect(build(layers, cols))
+    found = {e.layer: (e.step, e.severity) for e in of(events, "exploding_update")}
+    assert found == {"b": (0, "error"), "c": (30, "error"), "d": (3, "error")}
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_batch_repeated_from_the_first_step_is_info_and_a_stuck_loader_a_warning(chunk):
+    cols = {"grad_norm": noisy(1e-2), "param_norm": np.ones((N, 1)),
+            "update_ratio": noisy(1e-3)}
+    every = np.ones(N)
+    every[0] = 0.0                      # full-batch training: each batch is the last one
+    stuck = np.zeros(N)
+    stuck[30:] = 1.0                    # a loader stuck from step 30 on
+    brief = np.zeros(N)
+    brief[30:35] = 1.0                  # stuck for five steps, then fed again
+    found = {}
+    for name, repeat in [("every", every), ("stuck", stuck), ("brief", brief)]:
+        scalars = {"loss": np.ones(N), "in_repeat": repeat}
+        _, events = detect(build([("a", "other")], cols, scalars))
+        _, det, _ = _live([("a", "other")], cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+        found[name] = [(e.step, e.severity, e.end) for e in of(events, "data_anomaly")]
+        if name == "every":
+            assert "full-batch training" in of(events, "data_anomaly")[0].message
+    assert found == {"every": [(1, "info", None)], "stuck": [(30, "warning", None)],
+                     "brief": [(30, "warning", 35)]}
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_gradients_that_start_above_the_exploding_line_move_it(chunk):
+    # a loss summed over the batch: "a" starts at 1.8e3 and wanders between 1e3 and 7e3,
+    # "b" starts at 600 and crosses 1e3 back and forth; at step 40, "b" explodes 30x
+    g = np.concatenate([noisy(3e3, sigma=0.5, seed=1), noisy(1e3, sigma=0.3, seed=2)], 1)
+    g[0] = [1.8e3, 600.0]
+    g[40, 1] = 3.9e4
+    layers = [("a", "other"), ("b", "other")]
+    cols = {"grad_norm": g, "param_norm": np.ones((N, 2)), "update_ratio": noisy(1e-3, cols=2)}
+    trace = build(layers, cols)
+    assert list(trace.first_grad_norm) == [1.8e3, 600.0]
+    _, events = detect(trace)
+    exploding = [(e.step, e.layer, e.severity, e.signal) for e in of(events, "exploding_gradient")]
+    assert exploding == [(0, "a", "info", "scale"), (40, "b", "error", "gradient")]
+    assert "summed over the batch" in of(events, "exploding_gradient")[0].message
+    assert "1.8e+04" in of(events, "exploding_gradient")[0].message  # 10 x 1.8e3
+    # `explode` still moves the line, scaled alike: 1e4 -> 1.8e5, above the blow-up
+    moved = detect(trace, ndbg.Thresholds(explode=1e4))[1]
+    assert [e.severity for e in of(moved, "exploding_gradient")] == ["info"]
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+    # near the line at the first step, it moves by less; from below 100, not at all
+    g[0] = [900.0, 600.0]
+    near = of(detect(build(layers, cols))[1], "exploding_gradient")
+    assert "above 9e+03" in near[0].message and near[0].severity == "info"
+    g[0] = [90.0, 60.0]
+    assert [(e.step, e.layer, e.severity) for e in of(detect(build(layers, cols))[1],
+                                                      "exploding_gradient")][:1] == [
+        (1, "a", "error")]
+
+
+def test_the_first_steps_gradient_norms_survive_compaction_and_files(tmp_path):
+    g = noisy(3e3, cols=2)
+    g[0] = [1.8e3, 600.0]
+    trace = build([("a", "other"), ("b", "other")], {"grad_norm": g})
+    trace.compact(40)
+    assert list(trace.first_grad_norm) == [1.8e3, 600.0]
+    trace.save(tmp_path / "t.npz")
+    assert list(Trace.load(tmp_path / "t.npz").first_grad_norm) == [1.8e3, 600.0]
+    # a file saved before they were: read from its first step where it is still exact
+    fresh = build([("a", "other"), ("b", "other")], {"grad_norm": g})
+    fresh.save(tmp_path / "old.npz")
+    with np.load(tmp_path / "old.npz") as z:
+        arrays = {k: z[k] for k in z.files if k != "first_grad_norm"}
+    np.savez_compressed(tmp_path / "old.npz", **arrays)
+    assert list(Trace.load(tmp_path / "old.npz").first_grad_norm) == [1.8e3, 600.0]
 
 
 def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():

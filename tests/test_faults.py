@@ -246,6 +246,27 @@ def test_stop_on_error_for_bad_data():
     _assert_unhooked(setup.model)
 
 
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_a_loader_stuck_at_a_step_is_a_warning_there_and_full_batch_training_is_info(arch):
+    setup = FACTORIES[arch]()
+    fed = setup.batch
+    setup.batch = lambda step: fed(min(step, S - 1))  # step S gets step S-1's batch again
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS)
+    found = [(e.step, e.severity, e.signal) for e in run.events if e.kind == "data_anomaly"]
+    assert found == [(S, "warning", "input_repeat")]
+
+    setup = FACTORIES[arch]()
+    fed = setup.batch
+    setup.batch = lambda step: fed(0)  # full-batch training: one batch, every step
+    with ndbg.watch(setup.model, report=False) as run:
+        losses = train(setup, STEPS)
+    assert losses[-1] < 0.5 * losses[0], "it fits its batch"
+    found = [(e.step, e.severity, e.signal) for e in run.events if e.kind == "data_anomaly"]
+    assert found == [(1, "info", "input_repeat")]
+    assert not [str(e) for e in run.events if e.severity != "info"]
+
+
 def test_stop_on_never_trains_through_a_nan():
     _, run = run_with_fault("cnn", nan_input, None)
     assert run.status == "finished"

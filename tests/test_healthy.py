@@ -8,6 +8,7 @@ gradient norm keeps fluctuating: that is still healthy training.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ def _train_watched(arch: str, label_noise: float, seed: int = 0):
     return setup, run, torch.stack(losses)
 
 
-def _assert_quiet(run, losses):
+def _assert_quiet(run, losses, steps: int = STEPS):
     first, last = losses[:20].mean().item(), losses[-20:].mean().item()
     assert last < 0.7 * first, f"the model did not learn ({first:.3f} -> {last:.3f})"
     loud = [e for e in run.events if e.severity in ("warning", "error")]
@@ -37,7 +38,7 @@ def _assert_quiet(run, losses):
                             f"{sorted({(e.kind, e.signal) for e in loud})}; first ones: "
                             f"{[str(e) for e in loud[:5]]}")
     assert run.first_failure is None
-    assert run.trace.n_steps == STEPS
+    assert run.trace.n_steps == steps
     assert run.status == "finished"
 
 
@@ -131,3 +132,149 @@ def test_a_confident_classifiers_output_sigmoid_is_not_saturated():
     found = [(e.step, e.layer) for e in run.events if e.kind == "saturation"]
     assert found and found[0] == (150, "1"), found
     assert run.trace.layers[1].role == "bounded"
+
+
+class _ResidualBlock(nn.Module):
+    """conv-BN-ReLU-conv-BN plus the input: with `zero`, its last BatchNorm's weight starts
+    at 0 (torchvision's `zero_init_residual`, the Goyal et al. recipe), so the block starts
+    as the identity and its branch gets no gradient at the first step."""
+
+    def __init__(self, c: int, zero: bool) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        if zero:
+            nn.init.zeros_(self.bn2.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+
+
+@pytest.mark.parametrize("init", ["zero_init_residual", "zero_head"])
+def test_zero_initialised_layers_under_sgd_momentum_are_quiet(init):
+    """A tensor that starts at 0 grows from nothing: with momentum its second update
+    triples it (an `exploding_update` error at step 1, before), and the layers upstream of
+    a zero BatchNorm weight get gradients of exactly 0, then 1e-7 and climbing (a
+    `vanishing_gradient` error from step 0, the run's first failure). Both are the start
+    of healthy training: torchvision's ResNets offer the first, fine-tuning recipes use
+    the second."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                          nn.ReLU(), _ResidualBlock(16, init == "zero_init_residual"),
+                          nn.MaxPool2d(2), _ResidualBlock(16, init == "zero_init_residual"),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    if init == "zero_head":
+        nn.init.zeros_(model[-1].weight)
+        nn.init.zeros_(model[-1].bias)
+    gen = torch.Generator().manual_seed(0)
+    x = F.interpolate(torch.randn(2048, 3, 4, 4, generator=gen), size=16, mode="bilinear")
+    x = x + 0.3 * torch.randn(x.shape, generator=gen)
+    y = (x.mean((2, 3)) @ torch.randn(10, 3, generator=gen).T).argmax(1)
+    steps = 150
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=steps)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(steps):
+            i = torch.randint(0, len(x), (64,), generator=gen)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            losses.append(loss.detach())
+    _assert_quiet(run, torch.stack(losses), steps)
+    # the zero-initialised tensors were seen starting from zeros (`updates.GROWING`)
+    zero = ["3.bn2", "5.bn2"] if init == "zero_init_residual" else ["8"]
+    ratio = run.trace.col("update_ratio", 0, 1)[0]
+    assert [n for n, r in zip(run.trace.layer_names, ratio) if np.isinf(r)] == zero
+
+
+class _ReZero(nn.Module):
+    """x + alpha * f(x), alpha one number that starts at 0 (Bachlechner et al., 2020)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+        self.alpha = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.alpha * self.fc2(F.relu(self.fc1(x)))
+
+
+def test_a_layer_whose_only_parameter_is_one_number_has_no_gradient_regime_shifts():
+    """A ReZero gate's gradient is one number: it crosses zero as the gate settles, and
+    its norm collapsed 129-372x for a step, three warnings in 300 healthy steps."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 32, generator=gen)
+    teacher = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 10))
+    with torch.no_grad():
+        y = teacher(x).argmax(1)
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(),
+                          *[_ReZero(128) for _ in range(3)], nn.Linear(128, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    steps, losses = 300, []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(steps):
+            i = torch.randint(0, len(x), (128,), generator=gen)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    assert not [str(e) for e in run.events if e.severity != "info"]
+    _assert_quiet(run, torch.stack(losses), steps)
+    assert [i.params for i in run.trace.layers if i.name in ("2", "3", "4")] == [1] * 3
+
+
+class _VAE(nn.Module):
+    """The VAE of PyTorch's examples (784-400-20), smaller: its loss is summed over the
+    batch, so its gradient norms are in the thousands while it learns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(196, 100)
+        self.fc21 = nn.Linear(100, 8)
+        self.fc22 = nn.Linear(100, 8)
+        self.fc3 = nn.Linear(8, 100)
+        self.fc4 = nn.Linear(100, 196)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = F.relu(self.fc1(x))
+        mu, logvar = self.fc21(h), self.fc22(h)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return torch.sigmoid(self.fc4(F.relu(self.fc3(z)))), mu, logvar
+
+
+def test_a_loss_summed_over_the_batch_is_not_an_exploding_gradient():
+    """Gradient norms above 1e3 from the first step are the run's scale (a loss summed over
+    the batch), not an explosion: an info event says so, and the line moves to 10x that."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    teacher = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 196))
+    with torch.no_grad():
+        x = torch.sigmoid(10 * teacher(torch.randn(4096, 4, generator=gen)))
+    model = _VAE()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(300):
+            batch = x[torch.randint(0, len(x), (128,), generator=gen)]
+            recon, mu, logvar = model(batch)
+            loss = F.binary_cross_entropy(recon, batch, reduction="sum") \
+                - 0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    losses = torch.stack(losses)
+    assert losses[-20:].mean() < 0.9 * losses[:20].mean(), "it learned"
+    assert np.nanmax(run.trace.col("grad_norm")) > 1e3, "its gradients were above the line"
+    assert not [str(e) for e in run.events if e.severity != "info"]
+    assert run.first_failure is None
+    scale = [e for e in run.events if e.kind == "exploding_gradient"]
+    assert [(e.step, e.severity, e.signal) for e in scale] == [(0, "info", "scale")]

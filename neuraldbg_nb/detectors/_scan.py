@@ -45,6 +45,13 @@ class Finding:
     """(rows, columns) the level the value came from; None: the last healthy value."""
     per_layer: bool = True
     patience: int = 1
+    hold_counts: bool = True
+    """Whether steps coded HOLD count towards `patience` while a condition waits to be
+    reported. True for values measured on sampled steps only, where HOLD is "not
+    measured" and one sample stands for the steps around it. False where HOLD is a band
+    of values that keeps a reported condition but is no evidence of it (a vanished
+    gradient's recovery band): a zero-initialised branch's gradient, 0 at its first step
+    and then climbing through the band, was three steps of "vanishing" before."""
     sticky: bool = False
     """Never leaves its state once entered (non-finite values are never a recovery)."""
     step_offset: int = 0
@@ -60,6 +67,8 @@ class Carry:
     code: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
     start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     length: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    seen: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """Rows of the current code's run where it was observed, not held (`hold_counts`)."""
     start_value: np.ndarray = field(default_factory=lambda: np.zeros(0))
     start_previous: np.ndarray = field(default_factory=lambda: np.zeros(0))
     last_ok: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -69,7 +78,8 @@ class Carry:
         extra = columns - len(self.level)
         if extra <= 0:
             return
-        fill = {"level": 0, "code": 0, "start": 0, "length": 0, "start_value": np.nan,
+        fill = {"level": 0, "code": 0, "start": 0, "length": 0, "seen": 0,
+                "start_value": np.nan,
                 "start_previous": np.nan, "last_ok": np.nan, "open": -1}
         for name, value in fill.items():
             old = getattr(self, name)
@@ -139,7 +149,7 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
 
     # steady columns: the run goes on; only the last healthy value can change
     quiet = np.flatnonzero(steady)
-    carry.length[quiet] += n
+    carry.length[quiet] += n  # (`seen` matters only while a code waits to be reported)
     row = last_ok_rows(codes, values, quiet)
     has = row >= 0
     carry.last_ok[quiet[has]] = values[row[has], quiet[has]]
@@ -160,17 +170,22 @@ def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarra
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [len(col)]])
     name, label = names[j] if f.per_layer else (None, "")
+    observed = np.cumsum(codes[:, j] != HOLD)
     for a, b in zip(starts.tolist(), ends.tolist()):
         k = int(col[a])
+        seen = int(observed[b - 1]) - (int(observed[a - 1]) if a else 0)
         if a == 0 and k == carry.code[j]:
             carry.length[j] += b - a
+            carry.seen[j] += seen
         else:
             carry.code[j], carry.start[j], carry.length[j] = k, first_step + a, b - a
+            carry.seen[j] = seen
             carry.start_value[j] = own[a]
             carry.start_previous[j] = (previous[a, j] if previous is not None
                                        else carry.last_ok[j])
         level = int(carry.level[j])
-        if k > level and carry.length[j] >= f.patience:
+        held = carry.length[j] if f.hold_counts else carry.seen[j]
+        if k > level and held >= f.patience:
             _close(events, carry, j, int(carry.start[j]) + f.step_offset)
             events.append(_event(f, name, label, j, k, int(carry.start[j]) + f.step_offset,
                                  float(carry.start_value[j]), float(carry.start_previous[j])))

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, Finding, fmt, grade
+from ._scan import ERROR, HOLD, INFO, Finding, fmt, grade
 
 RECOVER = 10.0
 """A vanished gradient norm must climb above `RECOVER` x `vanish` to count as healthy
@@ -16,17 +16,84 @@ again; between the two the last state holds. A layer's gradient norm moves by up
 decade from batch to batch, and a dying layer whose norm settled at the line (0.7-1.6e-6
 against `vanish` 1e-6, with the batch, in the benchmark MLP after 1,200 steps) was
 reported vanishing and "back to healthy" again at every pass over its 16 batches.
-Exploding gradients have no such band: they are reported at once, and a model whose
-healthy norms are in the hundreds would stay "exploding" long after a spike."""
+The band only keeps a reported condition: `patience` counts the steps below the line
+(`Finding.hold_counts`), so a zero-initialised branch (a ResNet's last BatchNorm of each
+block at weight 0, torchvision's `zero_init_residual`), whose gradients are exactly 0 at
+the first step and climb through the band after it, is not vanishing. Exploding
+gradients have no such band: they are reported at once, and a model whose healthy norms
+are in the hundreds would stay "exploding" long after a spike."""
+
+
+CLASSIC_EXPLODE = Thresholds().explode
+"""The classic exploding line, 1e3: a line for the gradients of a loss averaged over the
+batch, of order one."""
+
+START_MARGIN = 10.0
+"""A run's exploding line is at least this many times its largest gradient norm at the
+first step (scaled as `explode` is from 1e3)."""
+
+
+def explode_line(trace: Trace, th: Thresholds) -> tuple[float, int]:
+    """The gradient norm above which a layer has exploded, and the layer whose norm at the
+    run's first step moved it there (-1: not moved, the line is `th.explode`).
+
+    A run whose gradients start near or above the classic line lives at another scale: a
+    loss summed over the batch (`reduction="sum"`; the VAE of PyTorch's examples starts
+    at 1.8e3, and its encoder's norm reaches 7.3e3 while it learns), or inputs or targets
+    that were not normalised. Judged by the classic line, such a run was an exploding
+    gradient from step 0, and again each time a norm hovering at 1e3 crossed it. The line
+    is `th.explode` x max(1, `START_MARGIN` x largest first-step norm / 1e3): unmoved for
+    runs that start below 100, and without a step where a start a little higher would
+    move it by 10x. Moving `explode` still moves it; an info event says where it is
+    (`findings`). A gradient that explodes from there, and the updates it makes
+    (`updates`), are still found."""
+    first = trace.first_grad_norm
+    finite = np.isfinite(first)
+    if not finite.any():
+        return th.explode, -1
+    j = int(np.argmax(np.where(finite, first, -np.inf)))
+    factor = START_MARGIN * float(first[j]) / CLASSIC_EXPLODE
+    if factor <= 1:
+        return th.explode, -1
+    return th.explode * factor, j
+
+
+def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:
+    """Rows where a layer's gradient is still growing from an exact zero at the run's
+    first step: a layer upstream of a zero-initialised multiplier (the last BatchNorm of
+    a residual block under torchvision's `zero_init_residual`, a zero-initialised head)
+    gets no gradient at all until that multiplier has grown, then a gradient that climbs
+    with it (a ResNet's BatchNorm: 0, 1.2e-7, 3.1e-7, 5.3e-7, ... 1.4e-5 by step 15).
+    It is not vanishing. The rows: the first `window` of the run (so a live scan in
+    chunks, which reads `window` + 2 rows of history, sees the same), as long as each
+    step's norm is above the one before. A gradient that is 0 and stays 0 (a model
+    initialised all to zeros: vanishing from step 1), or stops rising while still below
+    the line, is judged as usual from there."""
+    out = np.zeros(g.shape, bool)
+    if lo != 0 or len(g) == 0:
+        return out
+    cols = np.flatnonzero(g[0] == 0)
+    seg = g[:window, cols]
+    if not seg.size:
+        return out
+    grows = np.ones(seg.shape, bool)
+    with np.errstate(invalid="ignore"):  # NaN: not measured, the growth is not seen
+        grows[1:] = seg[1:] > seg[:-1]
+    out[:len(seg), cols] = np.logical_and.accumulate(grows, axis=0)
+    return out
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     finite = np.isfinite(g)
     nonfinite = grade(~np.isnan(g), (~finite, ERROR))
-    exploding = grade(finite, (g > th.explode, ERROR))
-    vanishing = grade(finite & ~((g >= th.vanish) & (g < th.vanish * RECOVER)),
-                      (g < th.vanish, ERROR))
+    line, scaled = explode_line(trace, th)
+    exploding = grade(finite, (g > line, ERROR))
+    scale = np.full(g.shape, HOLD, np.int8)  # one info event, at the first step
+    if scaled >= 0 and lo == 0 and len(g):
+        scale[0, scaled] = INFO
+    vanishing = grade(finite & ~((g >= th.vanish) & (g < th.vanish * RECOVER))
+                      & ~starting(g, lo, th.window), (g < th.vanish, ERROR))
     return [
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "
@@ -37,7 +104,15 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                 if not math.isnan(p) else f"{n}: gradient norm exploding ({fmt(v)}) from step {s}",
                 recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
                                                  f"({fmt(v)}) at step {s}"),
+        Finding("exploding_gradient", "scale", scale, g, message=lambda
+                n, s, v, p, sev: f"{n}: gradient norm {fmt(v)} at step {s}, the largest at "
+                                 f"the run's first step: this run's gradients live at that "
+                                 f"scale (a loss summed over the batch, or inputs or targets "
+                                 f"not normalised), so they count as exploding above "
+                                 f"{fmt(line)}, {START_MARGIN:g}x it, not {fmt(th.explode)} "
+                                 f"(explode= moves the line)"),
         Finding("vanishing_gradient", "gradient", vanishing, g, patience=th.patience,
+                hold_counts=False,
                 message=lambda n, s, v, p, sev: f"{n}: gradient norm healthy ({fmt(p)}) -> "
                                                 f"vanishing ({fmt(v)}) at step {s}"
                 if not math.isnan(p) else f"{n}: gradient norm vanishing ({fmt(v)}) from step {s}",

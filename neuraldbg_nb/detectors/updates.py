@@ -25,6 +25,25 @@ def _back(a: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+GROWING = 10
+"""Updates after one that started from all-zero weights during which the layer's updates
+are not judged by their size. A zero-initialised tensor (a classifier head, the last
+BatchNorm weight of each residual block under torchvision's `zero_init_residual`, a LoRA
+B matrix) grows from nothing: its second update is as large as its first, so the weights
+double, and with momentum they triple, at any learning rate. After k updates of similar
+size an update is about 1/k of the weights (2/k under a linear warm-up), below
+`max_update` well before this. Weights that go non-finite are still an error at once."""
+
+
+def _growing(born: np.ndarray) -> np.ndarray:
+    """Rows within `GROWING` of a row that judges an update from all-zero weights (`born`),
+    per column. The detector reads `window` + 2 rows before its chunk, more than this, so
+    a live scan in chunks sees the same rows as a scan in one go."""
+    rows = np.arange(len(born))[:, None]
+    last = np.maximum.accumulate(np.where(born, rows, -1), axis=0)
+    return (last >= 0) & (rows - last < GROWING)
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     w = trace.col("param_norm", lo, stop).astype(np.float64)
     upd = trace.col("update_ratio", lo, stop).astype(np.float64)
@@ -32,11 +51,14 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     n = w.shape[0]
     # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
     after, before, ratio = _back(w, 1), _back(w, 2), _back(upd, 1)
+    born = np.isposinf(ratio)  # the weights were all zeros before it (`GROWING`)
+    ratio[born] = np.nan
     with np.errstate(divide="ignore", invalid="ignore"):
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)
     blown = ~np.isfinite(after) & ~np.isnan(after)
-    codes = grade(~np.isnan(change) | blown, (blown | (change >= th.max_update), ERROR))
+    judged = (~np.isnan(change) & ~_growing(born)) | blown
+    codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     lr_at, lr_prev = _back(lr, 1), _back(lr, 2)  # learning rate of the update judged at row t
     first = lo
     # the step's lr is the primary optimizer's: not said of layers another one trains
