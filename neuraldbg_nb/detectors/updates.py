@@ -35,13 +35,13 @@ size an update is about 1/k of the weights (2/k under a linear warm-up), below
 `max_update` well before this. Weights that go non-finite are still an error at once."""
 
 
-def _growing(born: np.ndarray) -> np.ndarray:
+def _growing(born: np.ndarray, history: int) -> np.ndarray:
     """Rows within `GROWING` of a row that judges an update from all-zero weights (`born`),
-    per column. The detector reads `window` + 2 rows before its chunk, more than this, so
-    a live scan in chunks sees the same rows as a scan in one go."""
+    per column; within `history` at most, the rows the detector reads before its chunk
+    (`window` + 2), so that a live scan in chunks sees the same rows as a scan in one go."""
     rows = np.arange(len(born))[:, None]
     last = np.maximum.accumulate(np.where(born, rows, -1), axis=0)
-    return (last >= 0) & (rows - last < GROWING)
+    return (last >= 0) & (rows - last < min(GROWING, history))
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
@@ -57,7 +57,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)
     blown = ~np.isfinite(after) & ~np.isnan(after)
-    judged = (~np.isnan(change) & ~_growing(born)) | blown
+    judged = (~np.isnan(change) & ~_growing(born, th.window + 2)) | blown
     codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     lr_at, lr_prev = _back(lr, 1), _back(lr, 2)  # learning rate of the update judged at row t
     first = lo
