@@ -255,7 +255,9 @@ def nb01() -> list[NotebookNode]:
         code('''
             %%neuraldbg -o fixed
             model = deep_net(nn.ReLU, he_init=True, layer_norm=True)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            # half the learning rate above: at 0.1 this deep net trains on some machines and
+            # diverges to chance on others (a rounding difference decides it)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             for xb, yb in batches(X_train, y_train, epochs=16, batch_size=128):
                 opt.zero_grad()
                 loss = F.cross_entropy(model(xb), yb)
@@ -1228,9 +1230,10 @@ def nb06() -> list[NotebookNode]:
         '''),
         md('''
             No NaN this time, but the network trained well for a while and then broke: the
-            first failure is **`conv2`: its activations jumped about 20x in one step**, long
-            after the start. After it, the gradients vanish and the ReLUs die: the network
-            ends at chance.
+            first failure is **one layer whose activations jumped twenty-fold or more in one
+            step**, long after the start. (Which layer goes first depends on the machine's
+            rounding: `conv2` on one, `fc1` on another; the story that follows is the same.)
+            After it the training falls apart, and the network ends at chance.
 
             **Step 1: open the tensors at the first failure**, and compare them with the
             last healthy capture of the same layer (the panel's inspector shows the same
@@ -1239,24 +1242,24 @@ def nb06() -> list[NotebookNode]:
         code('''
             cap = run2.inspect(run2.first_failure)
             ref = run2.last_healthy(cap)
-            print(f"conv2, step {ref.step} (healthy) -> step {cap.step} (first failure)")
+            print(f"{cap.layer}, step {ref.step} (healthy) -> step {cap.step} (first failure)")
             for name in ("input", "output", "weight", "grad"):
                 a, b = ref[name], cap[name]
                 print(f"  {name:>6}: largest |value| {a.abs().max():9.3g} -> {b.abs().max():9.3g}"
                       f"   norm {a.norm():9.3g} -> {b.norm():9.3g}")
         '''),
         md('''
-            The output of `conv2` grew more than its input did: this layer did it, with its
-            weights, which had grown by half in two steps. Its gradient was not unusual. So
-            the steps taken along the gradient must have been: **step 2: how big were the
-            updates?** The trace has every layer's weight norm and output size at every
-            step, and the learning rate:
+            The layer's weights are much larger than at its last healthy capture, a few
+            dozen steps before, and nothing but the optimizer's updates changes weights. So
+            **step 2: how big were the updates?** The trace has every layer's weight norm
+            and output size at every step, and the learning rate:
         '''),
         code('''
-            weight_norm = run2.trace.col("param_norm")[:, run2.trace.layer_index("conv2")]
+            layer = run2.trace.layer_index(cap.layer)
+            weight_norm = run2.trace.col("param_norm")[:, layer]
             lr = run2.trace.scalar("lr")
-            output_size = run2.trace.col("act_absmax")[:, run2.trace.layer_index("conv2")]
-            for s in (0, 9, 30, 60, 90, 120, 124, 126, 128, 129, cap.step):
+            output_size = run2.trace.col("act_absmax")[:, layer]
+            for s in (0, 9, 30, 60, 90, 120, *range(cap.step - 6, cap.step, 2), cap.step):
                 print(f"step {s:3d}: learning rate {lr[s]:.3f}   largest |output| {output_size[s]:7.1f}"
                       f"   weight norm after the update {weight_norm[s]:6.2f}")
         '''),
@@ -1293,10 +1296,10 @@ def nb06() -> list[NotebookNode]:
             Neither bug raised an exception. The first made the loss NaN at step 0, which
             everyone notices, but the loss alone does not say whether the data, a layer or
             the optimizer made it. The second looked like a healthy training for over a
-            hundred steps. In both, the first failure said where to look (the data; `conv2`
+            hundred steps. In both, the first failure said where to look (the data; one layer
             at one step), the captured tensors showed what was wrong there (a per-pixel
-            pattern of NaN; weights grown, gradient normal), and the trace gave the cause
-            (a zero standard deviation; a learning rate still climbing).
+            pattern of NaN; weights grown far past their healthy size), and the trace gave
+            the cause (a zero standard deviation; a learning rate still climbing).
 
             ## The lesson, checked
         '''),
@@ -1308,7 +1311,8 @@ def nb06() -> list[NotebookNode]:
                 (pixel_std == 0)[0].nonzero().tolist()
             f2 = run2.first_failure
             assert f2 is not None and f2.kind == "regime_shift" and f2.signal == "activation", f2
-            assert f2.layer == "conv2" and f2.step > 50, f2
+            assert f2.layer in {"conv1", "conv2", "fc1", "fc2"} and f2.step > 50, f2
+            assert cap["weight"].norm() > 1.2 * ref["weight"].norm(), "the weights grew"
             assert run2.trace.scalar("lr")[f2.step] > 5 * 0.02
             assert run2_acc < 0.3, run2_acc
             assert run3.first_failure is None, run3.first_failure
@@ -1634,7 +1638,7 @@ def nb08() -> list[NotebookNode]:
             unmoved = half.trace.col("update_unmoved")
             names = half.trace.layer_names
             for step in range(0, half.trace.n_steps, 10):
-                row = ", ".join(f"{name} {unmoved[step, names.index(name)]:.0%}"
+                row = ", ".join(f"{name} {unmoved[step, names.index(name)]:.2%}"
                                 for name in ("fc1", "fc2", "out"))
                 print(f"step {step:3}: {row}")
         '''),
@@ -1714,20 +1718,27 @@ NOTEBOOKS = {
 }
 
 
+def render(name: str) -> str:
+    """The text of notebook `name` as this file writes it (the committed notebook must be
+    exactly this: `tests/test_notebooks.py` checks, so an edit made in the notebook alone
+    is not undone by the next build)."""
+    nb = new_notebook(cells=NOTEBOOKS[name]())
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, cell in enumerate(nb.cells):   # stable ids: rebuilding gives no spurious diff
+        cell["id"] = f"{name[:2]}-{i:02d}"
+    nbformat.validate(nb)
+    return nbformat.writes(nb) + "\n"
+
+
 def build(names: list[str] | None = None) -> list[Path]:
     written = []
-    for name, make in NOTEBOOKS.items():
+    for name in NOTEBOOKS:
         if names and not any(n in name for n in names):
             continue
-        nb = new_notebook(cells=make())
-        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
-                                     "language": "python"}
-        nb.metadata["language_info"] = {"name": "python"}
-        for i, cell in enumerate(nb.cells):   # stable ids: rebuilding gives no spurious diff
-            cell["id"] = f"{name[:2]}-{i:02d}"
-        nbformat.validate(nb)
         path = HERE / name
-        path.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+        path.write_text(render(name), encoding="utf-8")
         written.append(path)
     return written
 

@@ -74,6 +74,20 @@ def test_notebook_is_committed_without_outputs(name: str) -> None:
     assert "widgets" not in nb.metadata, f"{name}: widget state saved in the metadata"
 
 
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_notebook_is_what_the_builder_writes(name: str) -> None:
+    """notebooks/_build.py is the source: an edit made in a notebook alone (session 10's
+    to 01 and 06) was undone by the next build of another lesson."""
+    sys.path.insert(0, str(NOTEBOOKS))
+    try:
+        import _build
+    finally:
+        sys.path.remove(str(NOTEBOOKS))
+    assert (NOTEBOOKS / name).read_text(encoding="utf-8") == _build.render(name), (
+        f"{name} differs from what notebooks/_build.py writes: make the change in "
+        f"_build.py and run `python notebooks/_build.py {name[:2]}`")
+
+
 @pytest.fixture(scope="module")
 def kernel_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """A `python3` kernelspec for this interpreter, first on the Jupyter path."""
