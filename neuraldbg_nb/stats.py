@@ -101,6 +101,13 @@ class Scalars:
         return out
 
 
+def _acc(t: torch.Tensor) -> torch.dtype:
+    """The dtype a tensor's sums and norms are taken in: float32 (half precision overflows
+    at 65504), float64 for float64 tensors (`vector_norm` refuses to narrow them: a
+    float64 model stopped the watch at its first step)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _wide(t: torch.Tensor) -> torch.dtype:
     """The dtype values travel to the host in: float64, or float32 on MPS (no float64)."""
     return torch.float32 if t.is_mps else torch.float64
@@ -130,12 +137,12 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     host): the non-finite count is then 0 (position -1) without a counting pass, the
     costliest of these reductions on the CPU (it allocates a tensor the size of x), and
     the zeros are counted from signs. nonneg: no value is below zero (a ReLU's output)."""
-    f32 = torch.float32
+    f32, acc = torch.float32, _acc(x)
     flat = dense(x)  # the whole-tensor reductions read memory order (channels-last...)
     flat = x if flat is None else flat
     xs = _fraction_sample(flat)
-    p_sum = into.add(flat.sum(dtype=f32))
-    p_norm = into.add(torch.linalg.vector_norm(flat, dtype=f32))
+    p_sum = into.add(flat.sum(dtype=acc))
+    p_norm = into.add(torch.linalg.vector_norm(flat, dtype=acc))
     if finite and xs.numel() < 2**24:  # summed signs, exact in float32: 3-5x faster than == 0
         p_zero = into.add(xs.numel() - _signs(xs, nonneg).sum(dtype=f32))
     else:  # a NaN's sign is NaN
@@ -253,13 +260,13 @@ def _row_stats(v: torch.Tensor, role: str, bounds: tuple[float, float] | None, n
                ) -> tuple[torch.Tensor | None, ...]:
     """`rich_activation`'s sums, norms, zero counts, dead units and saturated counts of
     each row of `v` (finite values, every element counted), None where not applicable."""
-    f32 = torch.float32
+    f32, acc = torch.float32, _acc(v)
     flat = v.reshape(len(v), -1)
     numel = flat.shape[1]
     zeros = numel - _signs(flat, nonneg).sum(1, dtype=f32)
     dead = _dead(v, 1).sum(1) if role == "relu" and v.dim() >= 3 else None
     sat = _pinned(flat, bounds).sum(1) if bounds is not None else None
-    return (flat.sum(1, dtype=f32), torch.linalg.vector_norm(flat, dim=1, dtype=f32), zeros,
+    return (flat.sum(1, dtype=acc), torch.linalg.vector_norm(flat, dim=1, dtype=acc), zeros,
             dead, sat)
 
 
@@ -351,10 +358,10 @@ def input_batch(x: torch.Tensor, rich: bool, into: Scalars) -> dict[str, int]:
     flat = (xf.contiguous() if flat is None else flat).view(-1)
     mn, mx = min_max(flat)
     pos = {"min": into.add(mn), "max": into.add(mx),
-           "sum": into.add(flat.sum(dtype=torch.float32)),
-           "print": into.add(flat[1::3].sum(dtype=torch.float32))}
+           "sum": into.add(flat.sum(dtype=_acc(flat))),
+           "print": into.add(flat[1::3].sum(dtype=_acc(flat)))}
     if rich:
-        pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=torch.float32))
+        pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=_acc(flat)))
         pos["nonzero"] = into.add(torch.count_nonzero(flat))
         pos["finite"] = -1 if known_finite(mn, mx) else into.add(torch.isfinite(flat).sum())
     return pos

@@ -5,9 +5,11 @@ gets for a wrong argument or a misspelt threshold."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -845,6 +847,48 @@ def test_a_half_precision_training_is_unchanged_by_watching():
         opt.step()
         plain.append(loss.item())
     assert watched == plain
+
+
+@pytest.mark.parametrize("fault", [False, True])
+def test_a_float64_model_is_watched_and_its_fault_found(fault):
+    """A model in float64 (`model.double()`: physics-informed nets, scientific code):
+    the statistics of its input and activations are taken in float64 (`vector_norm`
+    refuses to narrow them to float32, and the watch stopped at step 0), every column is
+    recorded, the losses are those of the same training unwatched, and a weight set to
+    NaN at a known step is found at its layer and step."""
+    mid = mlp().layers["mid"]
+
+    def training(watched: bool) -> tuple[ndbg.Run | None, list[float]]:
+        setup = mlp()
+        model = setup.model.double()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        losses = []
+        with ndbg.watch(model, report=False) if watched else contextlib.nullcontext() as run:
+            for step in range(60):
+                if fault and step == 40:
+                    with torch.no_grad():
+                        model.get_submodule(mid).weight.view(-1)[0] = math.nan
+                x, y = setup.batch(step)
+                loss = F.cross_entropy(model(x.double()), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return run, losses
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "neuraldbg stopped watching" is a RuntimeWarning
+        run, losses = training(True)
+    assert run is not None and run.trace.n_steps == 60 and not run.notes
+    np.testing.assert_array_equal(losses, training(False)[1])  # NaN equals NaN here
+    ff = run.first_failure
+    if not fault:
+        assert ff is None, ff
+        sampled = run.trace.col("act_std")[::10]
+        assert np.isfinite(sampled[:, run.trace.layer_index(mid)]).all()
+        assert np.isfinite(run.trace.scalar("in_std")[::10]).all()
+    else:
+        assert (ff.layer, ff.step) == (mid, 40), ff
 
 
 def test_a_warm_up_from_a_learning_rate_of_zero_is_not_a_layer_left_out():
