@@ -155,6 +155,7 @@ class Probe:
         self.foreign_steps = 0
         self._sc = stats.Scalars()
         self._batch_rows = stats.RichBatch()
+        self._ramps = stats.Ramps()  # the input fingerprint's weights
         self._sampled = True
         self._batch: torch.Tensor | None = None
         # the last output reduced, its version then, its min and max: see `_known`
@@ -226,6 +227,7 @@ class Probe:
         self._eval_call = False
         self._root_outs, self._prev_outs = [], []
         self._batch_rows.release()
+        self._ramps.release()
 
     def _fail(self, exc: Exception, where: str) -> None:
         """A hook raised: the watch is told (and may raise it again); otherwise the probe
@@ -238,6 +240,7 @@ class Probe:
         self._weights.release()
         self._root_outs, self._prev_outs = [], []
         self._batch_rows.release()
+        self._ramps.release()
 
     @property
     def attached(self) -> bool:
@@ -505,7 +508,8 @@ class Probe:
             if at and any(_storage_at(o) == at for o in (*self._root_outs, *self._prev_outs)):
                 return  # another watched model's output, or a view of it: not data
         batch = found.detach()
-        self._inputs.append((stats.input_batch(batch, self._sampled, self._sc), batch.numel()))
+        self._inputs.append((stats.input_batch(batch, self._sampled, self._sc, self._ramps),
+                             batch.numel()))
         if self._hold:
             self._batch = batch
 

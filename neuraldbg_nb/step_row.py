@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 Fingerprint = tuple[float, ...]
-"""The input batches' min, max, sum and a strided sum of them (`stats.input_batch`):
+"""The input batches' min, max, sum and position-weighted sum (`stats.input_batch`):
 equal from one step to the next only for a repeated batch."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from conftest import leftover_global_hooks, leftover_module_hooks
@@ -265,6 +266,33 @@ def test_a_loader_stuck_at_a_step_is_a_warning_there_and_full_batch_training_is_
     found = [(e.step, e.severity, e.signal) for e in run.events if e.kind == "data_anomaly"]
     assert found == [(1, "info", "input_repeat")]
     assert not [str(e) for e in run.events if e.severity != "info"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_hot_batches_are_repeats_only_where_they_repeat(dtype):
+    """Online training on one-hot inputs (batch size 1): every batch has the same min,
+    max and sum, so only the weighted sum of the fingerprint tells them apart. With a
+    strided sum (every third element) 172 of 299 steps read as repeats, where 13 were,
+    and one of them was blamed as the run's first failure."""
+    gen = torch.Generator().manual_seed(0)
+    hot = torch.randint(0, 300, (120,), generator=gen)
+    hot[50] = hot[49]  # one true repeat
+    target = torch.randn(300, generator=gen)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 1)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with ndbg.watch(model, report=False) as run:
+        for i in hot.tolist():
+            x = torch.nn.functional.one_hot(torch.tensor([i]), 300).to(dtype)
+            loss = (model(x).float().squeeze() - target[i]) ** 2
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    repeats = run.trace.scalar("in_repeat")
+    true = [s for s in range(1, len(hot)) if hot[s] == hot[s - 1]]
+    assert np.flatnonzero(repeats > 0).tolist() == true
+    assert 50 in true
 
 
 def test_stop_on_never_trains_through_a_nan():

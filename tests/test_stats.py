@@ -85,7 +85,7 @@ def test_min_max_and_the_batch_summary_read_every_element_whatever_the_layout(
     assert torch.equal(mn, x.amin()) or (fault == "nan" and mn.isnan()), (mn, x.amin())
     assert torch.equal(mx, x.amax()) or (fault == "nan" and mx.isnan()), (mx, x.amax())
     sc = stats.Scalars()
-    pos = stats.input_batch(x, True, sc)
+    pos = stats.input_batch(x, True, sc, stats.Ramps())
     v = sc.to_host()
     assert v[pos["min"]] == pytest.approx(x.amin().item(), nan_ok=True)
     assert v[pos["max"]] == pytest.approx(x.amax().item(), nan_ok=True)
