@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -98,6 +99,7 @@ class _Candidate:
     nonneg: bool
     relu: bool  # exactly nn.ReLU: its max is the max of its input, floored at 0
     index: int = -1  # the trace's layer index, given at the first call (forward order)
+    fewest: int = sys.maxsize  # the fewest elements a call output (`LayerInfo.outputs`)
 
 
 class Probe:
@@ -392,6 +394,9 @@ class Probe:
         if numel == 0:
             return  # its check's time, a few attribute reads, is not counted
         idx = c.index if c.index >= 0 else self._layer(id(module))
+        if numel < c.fewest:
+            c.fewest = numel
+            self.trace.update_layer(idx, outputs=numel)
         x = args[0] if args and type(args[0]) is torch.Tensor and args[0].is_floating_point() \
             else first_tensor(args)
         known = self._known(output, 0) if type(output) is torch.Tensor else None

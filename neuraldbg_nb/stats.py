@@ -151,7 +151,7 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     p_bad = -1 if finite else into.add(torch.count_nonzero(flat - flat))
     p_dead = p_sat = -1
     units = 0
-    if role == "relu" and x.dim() >= 2:
+    if role == "relu" and dead_judged(x.shape):
         p_dead = into.add(_dead(x, 0).sum())
         units = x.shape[_unit_dim(x.dim())]
     if bounds is not None:
@@ -264,7 +264,7 @@ def _row_stats(v: torch.Tensor, role: str, bounds: tuple[float, float] | None, n
     flat = v.reshape(len(v), -1)
     numel = flat.shape[1]
     zeros = numel - _signs(flat, nonneg).sum(1, dtype=f32)
-    dead = _dead(v, 1).sum(1) if role == "relu" and v.dim() >= 3 else None
+    dead = _dead(v, 1).sum(1) if role == "relu" and dead_judged(v.shape[1:]) else None
     sat = _pinned(flat, bounds).sum(1) if bounds is not None else None
     return (flat.sum(1, dtype=acc), torch.linalg.vector_norm(flat, dim=1, dtype=acc), zeros,
             dead, sat)
@@ -279,6 +279,22 @@ def _unit_dim(ndim: int) -> int:
 def _signs(x: torch.Tensor, nonneg: bool) -> torch.Tensor:
     """1 where a finite value is not zero, 0 where it is: summed, a nonzero count."""
     return (x if nonneg else x.abs()).sign()
+
+
+DEAD_MIN_VALUES = 4
+"""A unit is judged dead over at least this many of its values (rows of the batch,
+positions of a sequence, pixels of a feature map). One sample zeroes about half of a ReLU
+layer's units by chance: an online (batch size 1) MLP read 55% dead from step 0, where
+none of its units was dead over a thousand samples."""
+
+
+def dead_judged(shape: torch.Size) -> bool:
+    """Whether an activation of `shape` has enough values per unit (`DEAD_MIN_VALUES`) for
+    its dead units to be counted."""
+    if len(shape) < 2:
+        return False
+    units = shape[_unit_dim(len(shape))]
+    return math.prod(shape) >= DEAD_MIN_VALUES * units
 
 
 def _dead(x: torch.Tensor, first: int) -> torch.Tensor:

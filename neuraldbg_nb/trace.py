@@ -67,6 +67,8 @@ class LayerInfo:
     optimizer than the one that marks the steps (a GAN's generator is)."""
     params: int = -1
     """Elements in its own parameters (-1: not recorded, a run saved before they were)."""
+    outputs: int = -1
+    """The fewest elements one of its calls output (-1: not recorded)."""
 
     @property
     def label(self) -> str:
@@ -361,7 +363,8 @@ class Trace:
         arrays.update({f"hlayer__{c}": a for c, a in self._h_layer.items()})
         arrays.update({f"hstep__{c}": a for c, a in self._h_step.items()})
         meta = np.array([[i.name, i.type, i.role, str(int(i.has_params)), str(int(i.primary_lr)),
-                          str(i.params)] for i in self.layers], dtype=str).reshape(-1, 6)
+                          str(i.params), str(i.outputs)] for i in self.layers],
+                        dtype=str).reshape(-1, 7)
         arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]),
                       first_grad_norm=self._first_grad)
         np.savez_compressed(path, allow_pickle=False, **arrays)
@@ -370,9 +373,11 @@ class Trace:
     def load(cls, path: str | Path) -> Trace:
         with np.load(path, allow_pickle=False) as z:
             t = cls()
-            for name, type_, role, has_params, *rest in z["layers"]:  # 4 or 5: older files
+            for i, (name, type_, role, has_params, *rest) in enumerate(z["layers"]):
                 t.add_layer(str(name), str(type_), str(role), has_params == "1",
                             rest[:1] != ["0"], int(rest[1]) if len(rest) > 1 else -1)
+                if len(rest) > 2:  # 4 to 6 columns: older files
+                    t.update_layer(i, outputs=int(rest[2]))
             n = len(z["step__loss"])
             while t._cap < n:
                 t._grow()

@@ -103,24 +103,28 @@ def test_a_file_saved_without_events_is_judged_again_from_its_steps(tmp_path):
     assert loaded.overhead is None
 
 
-@pytest.mark.parametrize("columns", [4, 5, 6])
+@pytest.mark.parametrize("columns", [4, 5, 6, 7])
 def test_a_file_saved_with_fewer_columns_of_layer_facts_still_loads(tmp_path, columns):
-    """Files written before `LayerInfo.primary_lr` (4 columns) or `LayerInfo.params` (5)
-    were saved: every layer's learning rate is the step's, its size is not known (-1)."""
+    """Files written before `LayerInfo.primary_lr` (4 columns), `LayerInfo.params` (5) or
+    `LayerInfo.outputs` (6) were saved: every layer's learning rate is the step's, what
+    was not saved is not known (-1)."""
     setup = mlp()
     with ndbg.watch(setup.model, report=False) as run:
         train(setup, 5)
     path = run.save(tmp_path / "old.npz")
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
-    assert arrays["layers"].shape[1] == 6
+    assert arrays["layers"].shape[1] == 7
     arrays["layers"] = arrays["layers"][:, :columns]
     np.savez_compressed(path, **arrays)
     loaded = ndbg.load(path)
     assert [i.name for i in loaded.trace.layers] == run.trace.layer_names
     assert all(i.primary_lr for i in loaded.trace.layers)
     sizes = [i.params for i in loaded.trace.layers]
-    assert sizes == ([i.params for i in run.trace.layers] if columns == 6 else [-1] * len(sizes))
+    assert sizes == ([i.params for i in run.trace.layers] if columns >= 6 else [-1] * len(sizes))
+    outputs = [i.outputs for i in loaded.trace.layers]
+    assert outputs == ([i.outputs for i in run.trace.layers] if columns == 7 else [-1] * len(sizes))
+    assert columns < 7 or min(outputs) > 0
     assert sizes[0] == (-1 if columns < 6 else
                         sum(p.numel() for p in setup.model.get_submodule(
                             run.trace.layer_names[0]).parameters()))

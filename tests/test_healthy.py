@@ -278,3 +278,36 @@ def test_a_loss_summed_over_the_batch_is_not_an_exploding_gradient():
     assert run.first_failure is None
     scale = [e for e in run.events if e.kind == "exploding_gradient"]
     assert [(e.step, e.severity, e.signal) for e in scale] == [(0, "info", "scale")]
+
+
+def test_online_training_one_sample_a_step_is_quiet():
+    """Batch size 1: one sample zeroes about half of a ReLU layer's units by chance (they
+    read 55% dead from step 0, where none was dead over a thousand samples), and a
+    3-number output's abs-max swings by any factor as predictions cross zero (a "collapse"
+    of 18x). Neither is judged on so few values (`stats.DEAD_MIN_VALUES`,
+    `regime.FEW`); a conv layer's units, a feature map each, still are at batch size 1."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    teacher = torch.randn(8, 3, generator=gen)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(500):
+            x = torch.randn(1, 8, generator=gen)
+            loss = F.mse_loss(model(x), torch.tanh(x @ teacher))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    _assert_quiet(run, torch.stack(losses), 500)
+    assert not [str(e) for e in run.events if e.severity != "info"]
+    assert np.isnan(run.trace.col("dead_frac")).all()
+    assert [i.outputs for i in run.trace.layers] == [64, 64, 64, 64, 3]
+
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    with ndbg.watch(conv, report=False) as run:
+        conv(torch.randn(1, 3, 8, 8, generator=gen)).sum().backward()
+        run.step()
+    assert np.isfinite(run.trace.col("dead_frac")[0, 1])

@@ -6,9 +6,11 @@ surely as one of a layer at 10. A jump must also stand out of the layer's own re
 noise (`noise` standard deviations), so a layer whose per-batch gradient always swings
 by a decade is not flagged for doing so. See `shift_codes` for the severities.
 
-The gradients of a layer whose own parameters are a few numbers (`FEW_PARAMS`) are not
-judged: one number's gradient crosses zero as it settles, and its norm then falls by any
-factor for a step (a ReZero residual gate, a learnable temperature, a PReLU).
+The gradients of a layer whose own parameters are a few numbers (`FEW`), and the
+activations of a layer whose output is a few numbers, are not judged: one number crosses
+zero as it settles, and its size then falls by any factor for a step (a ReZero residual
+gate's gradient, a learnable temperature's, a PReLU's; the prediction of a regression
+trained one sample at a time).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from ..trace import Trace
 from ._baseline import BaselineCache, Jumps, find_jumps
 from ._scan import ERROR, HOLD, INFO, WARNING, Finding, Message, fmt
 
-FEW_PARAMS = 16
+FEW = 16
 """Layers with fewer elements than this in their own parameters have no gradient regime
-shifts. A ReZero gate (one number, initialised at 0) read 0.196 -> 0.0012 at one step of
-healthy training as it crossed zero, a 162x collapse and a warning, three times in 300
-steps. The norm of a few dozen numbers does not fall to nothing unless all of them do."""
+shifts, and those with a call that output fewer have no activation regime shifts. A
+ReZero gate (one number, initialised at 0) read 0.196 -> 0.0012 at one step of healthy
+training as it crossed zero, a 162x collapse and a warning, three times in 300 steps; an
+online regression's output (one number a step) "collapsed 958x", an error. The size of a
+few dozen numbers does not fall to nothing unless all of them do."""
 
 
 def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
@@ -81,8 +85,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
 
     act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
     grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
-    few = [j for j, i in enumerate(trace.layers) if 0 <= i.params < FEW_PARAMS]
-    grad_codes[:, few] = HOLD
+    grad_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.params < FEW]] = HOLD
+    act_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.outputs < FEW]] = HOLD
     return [
         Finding("regime_shift", "activation", act_codes, act, previous=act_base,
                 message=describe("activations (abs-max)")),
