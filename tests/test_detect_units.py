@@ -721,6 +721,26 @@ def test_the_first_steps_gradient_norms_survive_compaction_and_files(tmp_path):
     assert list(Trace.load(tmp_path / "old.npz").first_grad_norm) == [1.8e3, 600.0]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_gradients_shrinking_with_a_loss_that_fell_tenfold_are_convergence(chunk):
+    # L-BFGS after Adam: at step 40 the loss falls 60x and every gradient 1000x with it;
+    # the same gradients falling with a loss that stays is a collapse (a warning)
+    g = noisy(1e-1, cols=2)
+    g[40:, :] *= 1e-3
+    layers = [("a", "other"), ("b", "other")]
+    cols = {"grad_norm": g, "param_norm": np.ones((N, 2)), "update_ratio": noisy(1e-3, cols=2)}
+    for fell, expected in ((True, []), (False, [(40, "a"), (40, "b")])):
+        loss = noisy(1.5e-3, seed=3)[:, 0]
+        if fell:
+            loss[40:] = 2.5e-5
+        _, events = detect(build(layers, cols, {"loss": loss}))
+        found = [(e.step, e.layer) for e in of(events, "regime_shift", signal="gradient")
+                 if e.severity == "warning"]
+        assert found == expected
+        _, det, _ = _live(layers, cols, {"loss": loss}, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
     """A layer out of the optimizer: at a sampled step its update size is exactly 0 while
     it has gradients, and the update before left its weight norm the same number. One

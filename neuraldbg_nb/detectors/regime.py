@@ -19,8 +19,8 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import BaselineCache, Jumps, find_jumps
-from ._scan import ERROR, HOLD, INFO, WARNING, Finding, Message, fmt
+from ._baseline import BaselineCache, Jumps, find_jumps, log_level, trailing_stats
+from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, Message, fmt
 
 FEW = 16
 """Layers with fewer elements than this in their own parameters have no gradient regime
@@ -51,6 +51,19 @@ def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
     level = np.full(codes.shape, np.nan)
     level.reshape(-1)[jumps.at] = jumps.level
     return codes, level
+
+
+def converging(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
+    """Steps whose loss fell by `jump` or more below its own recent level (the mean of its
+    log over the last `window` steps): there the gradients shrinking with it is the
+    optimizer converging, not a collapse. A second-order or full-batch optimizer does it
+    in a few steps: L-BFGS after Adam on a physics-informed net took the loss from 1.5e-3
+    to 2.5e-5, and every layer's gradient fell 1000x, four warnings at one step. Causal,
+    and exact whatever block of rows it is computed in (`trailing_stats`)."""
+    loss = log_level(trace.scalar("loss", lo, stop)[:, None])
+    mean, _ = trailing_stats(loss, th.window, th.warmup)
+    with np.errstate(invalid="ignore"):
+        return (loss <= mean - np.log10(th.jump))[:, 0]
 
 
 def baseline_settings(th: Thresholds) -> tuple[int, int, float, bool]:
@@ -86,6 +99,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
     act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
     grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
     grad_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.params < FEW]] = HOLD
+    grad_codes[converging(trace, lo, stop, th)[:, None] & (grad < grad_base)] = OK
     act_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.outputs < FEW]] = HOLD
     return [
         Finding("regime_shift", "activation", act_codes, act, previous=act_base,
