@@ -170,10 +170,11 @@ def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarra
     starts = np.concatenate([[0], bounds])
     ends = np.concatenate([bounds, [len(col)]])
     name, label = names[j] if f.per_layer else (None, "")
-    observed = np.cumsum(codes[:, j] != HOLD)
+    observed = None if f.hold_counts else np.cumsum(codes[:, j] != HOLD)
     for a, b in zip(starts.tolist(), ends.tolist()):
         k = int(col[a])
-        seen = int(observed[b - 1]) - (int(observed[a - 1]) if a else 0)
+        seen = 0 if observed is None else \
+            int(observed[b - 1]) - (int(observed[a - 1]) if a else 0)
         if a == 0 and k == carry.code[j]:
             carry.length[j] += b - a
             carry.seen[j] += seen

@@ -99,7 +99,11 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
     act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
     grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
     grad_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.params < FEW]] = HOLD
-    grad_codes[converging(trace, lo, stop, th)[:, None] & (grad < grad_base)] = OK
+    rows = np.flatnonzero(converging(trace, lo, stop, th))
+    if len(rows):
+        codes = grad_codes[rows]
+        codes[grad[rows] < grad_base[rows]] = OK
+        grad_codes[rows] = codes
     act_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.outputs < FEW]] = HOLD
     return [
         Finding("regime_shift", "activation", act_codes, act, previous=act_base,

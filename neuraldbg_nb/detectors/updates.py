@@ -57,7 +57,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)
     blown = ~np.isfinite(after) & ~np.isnan(after)
-    judged = (~np.isnan(change) & ~_growing(born, th.window + 2)) | blown
+    judged = ~np.isnan(change)
+    if born.any():  # rare: one pass over the rows where it is needed
+        judged &= ~_growing(born, th.window + 2)
+    judged |= blown
     codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     lr_at, lr_prev = _back(lr, 1), _back(lr, 2)  # learning rate of the update judged at row t
     first = lo
