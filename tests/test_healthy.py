@@ -136,6 +136,26 @@ def test_a_confident_classifiers_output_sigmoid_is_not_saturated():
     assert run.trace.layers[1].role == "bounded"
 
 
+def _fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
+         steps: int, batch: int, gen: torch.Generator,
+         sched: torch.optim.lr_scheduler.LRScheduler | None = None
+         ) -> tuple[ndbg.Run, torch.Tensor]:
+    """A plain classification loop under the watch, on random batches of (x, y): the
+    run and the step losses."""
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(steps):
+            i = torch.randint(0, len(x), (batch,), generator=gen)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            losses.append(loss.detach())
+    return run, torch.stack(losses)
+
+
 class _ResidualBlock(nn.Module):
     """conv-BN-ReLU-conv-BN plus the input: with `zero`, its last BatchNorm's weight starts
     at 0 (torchvision's `zero_init_residual`, the Goyal et al. recipe), so the block starts
@@ -177,17 +197,8 @@ def test_zero_initialised_layers_under_sgd_momentum_are_quiet(init):
     steps = 150
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=steps)
-    losses = []
-    with ndbg.watch(model, report=False) as run:
-        for _ in range(steps):
-            i = torch.randint(0, len(x), (64,), generator=gen)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            losses.append(loss.detach())
-    _assert_quiet(run, torch.stack(losses), steps)
+    run, losses = _fit(model, x, y, opt, steps, 64, gen, sched)
+    _assert_quiet(run, losses, steps)
     # the zero-initialised tensors were seen starting from zeros (`updates.GROWING`)
     zero = ["3.bn2", "5.bn2"] if init == "zero_init_residual" else ["8"]
     ratio = run.trace.col("update_ratio", 0, 1)[0]
@@ -219,17 +230,9 @@ def test_a_layer_whose_only_parameter_is_one_number_has_no_gradient_regime_shift
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(),
                           *[_ReZero(128) for _ in range(3)], nn.Linear(128, 10))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    steps, losses = 300, []
-    with ndbg.watch(model, report=False) as run:
-        for _ in range(steps):
-            i = torch.randint(0, len(x), (128,), generator=gen)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
+    run, losses = _fit(model, x, y, opt, 300, 128, gen)
     assert not [str(e) for e in run.events if e.severity != "info"]
-    _assert_quiet(run, torch.stack(losses), steps)
+    _assert_quiet(run, losses, 300)
     assert [i.params for i in run.trace.layers if i.name in ("2", "3", "4")] == [1] * 3
 
 
