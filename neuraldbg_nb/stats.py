@@ -362,8 +362,9 @@ def min_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Ramps:
     """The weights 0, 1, 2, ... of the input fingerprint's weighted sum (`input_batch`),
-    one vector per batch size, dtype and device, the last two kept (a data set's last
-    batch is smaller). A weighted sum tells apart batches that a sum does not: two one-hot
+    one vector per batch size (up to `RAMP_MAX`), dtype and device, the last two kept (a
+    data set's last batch is smaller). A weighted sum tells apart batches that a sum does
+    not: two one-hot
     vectors always have the same min, max and sum, and a strided sum (of every third
     element, until session 16) told them apart only where their hot positions fell apart
     modulo 3: a batch-size-1 loop over one-hot inputs read 172 of 299 steps as repeats."""
@@ -410,10 +411,21 @@ def input_batch(x: torch.Tensor, rich: bool, into: Scalars, ramps: Ramps) -> dic
     return pos
 
 
+RAMP_MAX = 1 << 20
+"""The longest weight vector of `Ramps` (4 MB in float32): a larger batch (an image batch
+of 38 MB on an accelerator) is weighed by position modulo this, a dot product per slice,
+instead of holding a ramp as large as the batch."""
+
+
 def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
-    """sum(i * flat[i]): one pass (a dot product)."""
+    """sum((i mod `RAMP_MAX`) * flat[i]): one pass, in dot products."""
     wide = flat if flat.element_size() >= 4 else flat.float()
-    return torch.dot(wide, ramps.like(wide))
+    ramp = ramps.like(wide[:RAMP_MAX])
+    n = wide.numel()
+    if n <= RAMP_MAX:
+        return torch.dot(wide, ramp)
+    return torch.stack([torch.dot(wide[i:i + RAMP_MAX], ramp[:min(RAMP_MAX, n - i)])
+                        for i in range(0, n, RAMP_MAX)]).sum()
 
 
 HOST_DEVICES = frozenset({"cpu"})

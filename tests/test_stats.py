@@ -329,3 +329,24 @@ def test_batched_rows_stay_within_their_memory_and_free_shapes_no_longer_seen() 
     assert batch.nbytes == 0
     assert batch.add(torch.ones(2, 2), "relu", None, True) is not None
     assert batch.nbytes == 8 * 2 * 2 * 4  # eight rows to begin with
+
+
+def test_the_input_fingerprint_weighs_by_position_with_a_bounded_ramp() -> None:
+    """One-hot batches differ only in where the one is: the weighted sum tells them apart.
+    Above `RAMP_MAX` elements the weights repeat (position modulo it), so no ramp as large
+    as an image batch is held, on an accelerator least of all."""
+    ramps = stats.Ramps()
+    n = 2 * stats.RAMP_MAX + 5
+    sums = []
+    for hot in (10, 11, stats.RAMP_MAX + 12, n - 1):
+        x = torch.zeros(n)
+        x[hot] = 1.0
+        sums.append(float(stats._weighed(x, ramps)))
+    assert sums == [10.0, 11.0, 12.0, float((n - 1) % stats.RAMP_MAX)]
+    assert all(r.numel() <= stats.RAMP_MAX for r in ramps._kept.values())
+    small = torch.randn(300).to(torch.bfloat16)  # weighed in float32: exact positions
+    one_hot = torch.zeros(300, dtype=torch.bfloat16)
+    one_hot[299] = 1
+    assert float(stats._weighed(one_hot, ramps)) == 299.0
+    assert float(stats._weighed(small, ramps)) == pytest.approx(
+        float((small.float() * torch.arange(300.0)).sum()), rel=1e-5)
