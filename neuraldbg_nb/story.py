@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 MAX_LAYERS_LISTED = 4
 
-SIGNAL_LABELS = {("weights_not_updated", "rounding"): " (half-precision updates round away)"}
+SIGNAL_LABELS = {("weights_not_updated", "rounding"): " (half-precision updates round away)",
+                 ("vanishing_gradient", "cut"): " (exactly 0: no part of the loss reaches it)"}
 """What a group's line adds to its kind where one kind has several causes."""
 
 

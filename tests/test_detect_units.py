@@ -620,8 +620,9 @@ def test_a_gradient_climbing_from_an_exact_zero_at_the_first_step_is_not_vanishi
     layers = [(c, "other") for c in "abcd"]
     cols = {"grad_norm": g, "param_norm": np.ones((N, 4)), "update_ratio": noisy(1e-3, cols=4)}
     _, events = detect(build(layers, cols))
-    van = {e.layer: e.step for e in of(events, "vanishing_gradient")}
-    assert van == {"b": 1, "c": 2, "d": 30}
+    van = {e.layer: (e.step, e.signal, e.severity) for e in of(events, "vanishing_gradient")}
+    assert van == {"b": (1, "cut", "warning"), "c": (2, "gradient", "error"),
+                   "d": (30, "gradient", "error")}  # exactly 0: nothing reaches it
     _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
 
@@ -739,6 +740,23 @@ def test_gradients_shrinking_with_a_loss_that_fell_tenfold_are_convergence(chunk
         assert found == expected
         _, det, _ = _live(layers, cols, {"loss": loss}, chunk=chunk)
         assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+def test_a_parameter_of_a_few_numbers_crossing_zero_is_not_an_exploding_update():
+    # a normalising flow's 2-number scale under Adam: its norm 0.00153 -> 0.00067 ->
+    # 0.000113 -> 0.000825 as one number crosses zero ("changed by 6.31x"); the same
+    # numbers for a layer of 1000 weights are an exploding update, and non-finite weights
+    # are one whatever the size
+    w = np.ones((N, 3))
+    w[30:34, :] = np.array([0.00153, 0.00067, 0.000113, 0.000825])[:, None]
+    w[34:, :] = 0.0009
+    w[50:, 2] = np.inf
+    trace = build([("scale", "other"), ("big", "other"), ("blown", "other")],
+                  {"grad_norm": noisy(1e-2, cols=3), "param_norm": w})
+    for i, n in enumerate((2, 1000, 2)):
+        trace.update_layer(i, params=n)
+    found = {(e.layer, e.step) for e in of(detect(trace)[1], "exploding_update")}
+    assert found == {("big", 33), ("blown", 50)}
 
 
 def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():

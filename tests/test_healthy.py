@@ -357,3 +357,36 @@ def test_lbfgs_converging_after_adam_is_not_a_gradient_collapse():
     assert final.item() < 1e-3 * run.trace.scalar("loss")[:20].mean(), "it converged"
     assert not [str(e) for e in run.events if e.kind == "regime_shift" and e.severity != "info"]
     assert not [str(e) for e in run.events if e.severity == "error"]
+
+
+def test_an_auxiliary_head_whose_loss_weight_reaches_zero_is_cut_off_not_vanishing():
+    """Deep supervision with the auxiliary heads' weight annealed to 0 at step 60: their
+    gradients are exactly 0 from there. Nothing of the loss reaches them, on purpose: a
+    warning that says what cuts a layer off (signal "cut"), where a vanishing-gradient
+    error from step 60 was the run's first failure. A gradient that is small but not 0
+    is still vanishing (`test_detect_units`)."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    trunk = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+    model = nn.ModuleDict({"trunk": trunk, "aux": nn.Linear(64, 10), "head": nn.Linear(64, 10)})
+    teacher = torch.randn(32, 10, generator=gen)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(100):
+            x = torch.randn(128, 32, generator=gen)
+            y = (x @ teacher).argmax(1)
+            h = model["trunk"](x)
+            weight = max(0.0, 1 - step / 60)
+            loss = F.cross_entropy(model["head"](h), y) \
+                + weight * F.cross_entropy(model["aux"](h), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    _assert_quiet(run, torch.stack(losses), 100)
+    cut = [(e.layer, e.step, e.signal, e.severity) for e in run.events
+           if e.kind == "vanishing_gradient"]
+    assert cut == [("aux", 60, "cut", "warning")]
+    assert "vanishing gradient (exactly 0: no part of the loss reaches it) in 1 layer from " \
+        "step 60 (aux)" in str(run)

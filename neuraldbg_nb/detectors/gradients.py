@@ -8,7 +8,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._scan import ERROR, HOLD, INFO, Finding, fmt, grade
+from ._scan import ERROR, HOLD, INFO, WARNING, Finding, fmt, grade
 
 RECOVER = 10.0
 """A vanished gradient norm must climb above `RECOVER` x `vanish` to count as healthy
@@ -84,6 +84,11 @@ def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    """Non-finite, exploding and vanishing gradients. A gradient of exactly 0 is told
+    apart from a vanishing one: nothing of the loss reaches the layer, most often on
+    purpose (an auxiliary head whose loss weight was annealed to 0 was an error, "from
+    step 200", and the run's first failure), so it is a warning (signal "cut") that says
+    what cuts it off."""
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     finite = np.isfinite(g)
     nonfinite = grade(~np.isnan(g), (~finite, ERROR))
@@ -92,8 +97,11 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     scale = np.full(g.shape, HOLD, np.int8)  # one info event, at the first step
     if scaled >= 0 and lo == 0 and len(g):
         scale[0, scaled] = INFO
-    vanishing = grade(finite & ~((g >= th.vanish) & (g < th.vanish * RECOVER))
-                      & ~starting(g, lo, th.window), (g < th.vanish, ERROR))
+    band = (g >= th.vanish) & (g < th.vanish * RECOVER)
+    begun = ~starting(g, lo, th.window)
+    vanishing = grade(finite & ~band & (g != 0) & begun, (g < th.vanish, ERROR))
+    # exactly 0: no part of the loss reaches the layer at all (`findings`' last Finding)
+    cut = grade(finite & ~band & ~((g > 0) & (g < th.vanish)) & begun, (g == 0, WARNING))
     return [
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "
@@ -118,4 +126,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                 if not math.isnan(p) else f"{n}: gradient norm vanishing ({fmt(v)}) from step {s}",
                 recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
                                                  f"({fmt(v)}) at step {s}"),
+        Finding("vanishing_gradient", "cut", cut, g, patience=th.patience, hold_counts=False,
+                message=lambda n, s, v, p, sev: f"{n}: gradient exactly 0 from step {s}: no "
+                                                f"part of the loss reaches it (a loss term "
+                                                f"weighted 0 or detached, its output unused, "
+                                                f"or every unit before it dead)",
+                recovery=lambda n, s, v, p, sev: f"{n}: gradient back ({fmt(v)}) at step {s}"),
     ]
