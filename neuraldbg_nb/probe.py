@@ -158,6 +158,8 @@ class Probe:
         self._sc = stats.Scalars()
         self._batch_rows = stats.RichBatch()
         self._ramps = stats.Ramps()  # the input fingerprint's weights
+        self._called = 0  # layers numbered at the last step boundary
+        self._masks: set[int] = set()  # layers whose -inf values are a mask (`step_row`)
         self._sampled = True
         self._batch: torch.Tensor | None = None
         # the last output reduced, its version then, its min and max: see `_known`
@@ -493,6 +495,8 @@ class Probe:
         way (fresh pages), and small ones, held freely until session 13, cost the
         100-layer MLP 4% (`benchmarks/compare.py`: 200 blocks of 64 KB a step, released
         cold at the close)."""
+        if mn == -math.inf and idx in self._masks:
+            mn = mx  # its mask (`step_row.masking`)
         now = max(abs(mn), abs(mx))  # a NaN is in both
         before = self._last_absmax[idx] if idx < len(self._last_absmax) else math.nan
         if now == before:
@@ -668,7 +672,10 @@ class Probe:
             for j, lo, hi in zip(self._c_dev, v[p_mn:p_mn + k].tolist(),
                                  v[p_mx:p_mx + k].tolist()):
                 mins[j], maxs[j] = lo, hi
-        row["act_absmax"] = step_row.absmax(self._c_idx, mins, maxs, n)
+        if n > self._called:  # layers first called in this step: a mask of -inf by design?
+            self._masks |= step_row.masking(self._c_idx, mins, maxs, self._called)
+            self._called = n
+        row["act_absmax"] = step_row.absmax(self._c_idx, mins, maxs, n, self._masks)
         self.activations_seen = self.activations_seen or bool(self._c_idx)
         self._last_absmax = row["act_absmax"].tolist()
         if self._rich:

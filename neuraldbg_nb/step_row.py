@@ -18,18 +18,32 @@ Fingerprint = tuple[float, ...]
 equal from one step to the next only for a repeated batch."""
 
 
-def absmax(calls: list[int], mins: list[float], maxs: list[float], n: int) -> np.ndarray:
+def absmax(calls: list[int], mins: list[float], maxs: list[float], n: int,
+           masks: set[int] | frozenset[int] = frozenset()) -> np.ndarray:
     """Each layer's abs-max over its calls in the step (`calls`: the layer of each; inf
-    where any value was not finite, NaN where it was not called). A loop over the calls:
-    right after a training step the caches are cold, and this loop took 26 us where the
-    six numpy calls it replaces took 93 us (`benchmarks/RESULTS.md`, session 12)."""
+    where any value was not finite, NaN where it was not called). For a layer of `masks`
+    (`masking`), -inf values are its mask, not a fault: its abs-max is that of its max.
+    A loop over the calls: right after a training step the caches are cold, and this
+    loop took 26 us where the six numpy calls it replaces took 93 us
+    (`benchmarks/RESULTS.md`, session 12)."""
     out = [math.nan] * n
     inf, isnan = math.inf, math.isnan
     for i, lo, hi in zip(calls, mins, maxs):
+        if lo == -inf and i in masks and hi != -inf:
+            lo = hi
         a = inf if isnan(lo) or isnan(hi) else max(abs(lo), abs(hi))  # NaN: not finite
         if not out[i] >= a:  # the first call (NaN), or a larger one
             out[i] = a
     return np.array(out, np.float32)
+
+
+def masking(calls: list[int], mins: list[float], maxs: list[float], first: int) -> set[int]:
+    """Layers from index `first` on (those first called in this step) whose output holds
+    -inf where its other values are finite: a mask by design (attention scores, logits
+    of illegal actions, set to -inf for a softmax or a sampler to take as zero
+    probability). A layer whose output turns -inf later (a log of 0) is still a fault."""
+    return {i for i, lo, hi in zip(calls, mins, maxs)
+            if i >= first and lo == -math.inf and math.isfinite(hi)}
 
 
 def rich_columns(rich: list[tuple[int, ...]], v: np.ndarray, n: int) -> dict[str, np.ndarray]:
