@@ -26,7 +26,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.hooks import RemovableHandle
 
-from . import loss_tap, stats, step_row
+from . import batch_summary, loss_tap, stats, step_row
 from .capture import is_reference_step
 from .carried import CarryCheck
 from .layers import (
@@ -157,7 +157,7 @@ class Probe:
         self.foreign_steps = 0
         self._sc = stats.Scalars()
         self._batch_rows = stats.RichBatch()
-        self._ramps = stats.Ramps()  # the input fingerprint's weights
+        self._ramps = batch_summary.Ramps()  # the input fingerprint's weights
         self._called = 0  # layers numbered at the last step boundary
         self._masks: set[int] = set()  # layers whose -inf values are a mask (`step_row`)
         self._sampled = True
@@ -517,8 +517,8 @@ class Probe:
             if at and any(_storage_at(o) == at for o in (*self._root_outs, *self._prev_outs)):
                 return  # another watched model's output, or a view of it: not data
         batch = found.detach()
-        self._inputs.append((stats.input_batch(batch, self._sampled, self._sc, self._ramps),
-                             batch.numel()))
+        summary = batch_summary.input_batch(batch, self._sampled, self._sc, self._ramps)
+        self._inputs.append((summary, batch.numel()))
         if self._hold:
             self._batch = batch
 

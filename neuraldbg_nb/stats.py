@@ -101,7 +101,7 @@ class Scalars:
         return out
 
 
-def _acc(t: torch.Tensor) -> torch.dtype:
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype a tensor's sums and norms are taken in: float32 (half precision overflows
     at 65504), float64 for float64 tensors (`vector_norm` refuses to narrow them: a
     float64 model stopped the watch at its first step)."""
@@ -137,7 +137,7 @@ def rich_activation(x: torch.Tensor, role: str, bounds: tuple[float, float] | No
     host): the non-finite count is then 0 (position -1) without a counting pass, the
     costliest of these reductions on the CPU (it allocates a tensor the size of x), and
     the zeros are counted from signs. nonneg: no value is below zero (a ReLU's output)."""
-    f32, acc = torch.float32, _acc(x)
+    f32, acc = torch.float32, acc_dtype(x)
     flat = dense(x)  # the whole-tensor reductions read memory order (channels-last...)
     flat = x if flat is None else flat
     xs = _fraction_sample(flat)
@@ -260,7 +260,7 @@ def _row_stats(v: torch.Tensor, role: str, bounds: tuple[float, float] | None, n
                ) -> tuple[torch.Tensor | None, ...]:
     """`rich_activation`'s sums, norms, zero counts, dead units and saturated counts of
     each row of `v` (finite values, every element counted), None where not applicable."""
-    f32, acc = torch.float32, _acc(v)
+    f32, acc = torch.float32, acc_dtype(v)
     flat = v.reshape(len(v), -1)
     numel = flat.shape[1]
     zeros = numel - _signs(flat, nonneg).sum(1, dtype=f32)
@@ -358,74 +358,6 @@ def min_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if flat.numel() <= ONE_PASS_MIN_MAX:
         return torch.aminmax(flat)
     return flat.amin(), flat.amax()
-
-
-class Ramps:
-    """The weights 0, 1, 2, ... of the input fingerprint's weighted sum (`input_batch`),
-    one vector per batch size (up to `RAMP_MAX`), dtype and device, the last two kept (a
-    data set's last batch is smaller). A weighted sum tells apart batches that a sum does
-    not: two one-hot
-    vectors always have the same min, max and sum, and a strided sum (of every third
-    element, until session 16) told them apart only where their hot positions fell apart
-    modulo 3: a batch-size-1 loop over one-hot inputs read 172 of 299 steps as repeats."""
-
-    KEEP = 2
-
-    def __init__(self) -> None:
-        self._kept: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def like(self, flat: torch.Tensor) -> torch.Tensor:
-        key = (flat.numel(), flat.dtype, flat.device)
-        ramp = self._kept.get(key)
-        if ramp is None:
-            if len(self._kept) >= self.KEEP:
-                self._kept.pop(next(iter(self._kept)))
-            ramp = self._kept[key] = torch.arange(key[0], dtype=key[1], device=key[2])
-        return ramp
-
-    def release(self) -> None:
-        self._kept.clear()
-
-
-def input_batch(x: torch.Tensor, rich: bool, into: Scalars, ramps: Ramps) -> dict[str, int]:
-    """Positions of a batch's summaries. Every step: min, max (a free non-finite flag),
-    sum and a position-weighted sum (`Ramps`; with min and max, a fingerprint that tells
-    an exact repeat of the previous batch). Sampled steps add the norm, nonzero and finite
-    counts; the finite count is -1 (all of them) where a CPU batch's min and max are
-    finite. A channels-last batch is read in its memory order (`dense`); one with gaps is
-    copied once; a sparse one through its stored values; a half-precision one is weighed
-    in float32 (its ramp would round above 256)."""
-    if x.layout != torch.strided:
-        x = stored_values(x)
-    xf = x if x.is_floating_point() else x.float()
-    flat = dense(xf)
-    flat = (xf.contiguous() if flat is None else flat).view(-1)
-    mn, mx = min_max(flat)
-    pos = {"min": into.add(mn), "max": into.add(mx),
-           "sum": into.add(flat.sum(dtype=_acc(flat))),
-           "print": into.add(_weighed(flat, ramps))}
-    if rich:
-        pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=_acc(flat)))
-        pos["nonzero"] = into.add(torch.count_nonzero(flat))
-        pos["finite"] = -1 if known_finite(mn, mx) else into.add(torch.isfinite(flat).sum())
-    return pos
-
-
-RAMP_MAX = 1 << 20
-"""The longest weight vector of `Ramps` (4 MB in float32): a larger batch (an image batch
-of 38 MB on an accelerator) is weighed by position modulo this, a dot product per slice,
-instead of holding a ramp as large as the batch."""
-
-
-def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
-    """sum((i mod `RAMP_MAX`) * flat[i]): one pass, in dot products."""
-    wide = flat if flat.element_size() >= 4 else flat.float()
-    ramp = ramps.like(wide[:RAMP_MAX])
-    n = wide.numel()
-    if n <= RAMP_MAX:
-        return torch.dot(wide, ramp)
-    return torch.stack([torch.dot(wide[i:i + RAMP_MAX], ramp[:min(RAMP_MAX, n - i)])
-                        for i in range(0, n, RAMP_MAX)]).sum()
 
 
 HOST_DEVICES = frozenset({"cpu"})

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 Fingerprint = tuple[float, ...]
-"""The input batches' min, max, sum and position-weighted sum (`stats.input_batch`):
+"""The input batches' min, max, sum and position-weighted sum (`batch_summary.input_batch`):
 equal from one step to the next only for a repeated batch."""
 
 
@@ -92,7 +92,7 @@ def loss(v: np.ndarray, heard: list[int], logged: list[int], logged_host: list[f
 
 def input_scalars(inputs: list[tuple[dict[str, int], int]], v: np.ndarray,
                   last: Fingerprint | None) -> tuple[dict[str, float], Fingerprint | None]:
-    """The input batches' summary (`stats.input_batch`'s positions in `v`, and each
+    """The input batches' summary (`batch_summary.input_batch`'s positions in `v`, and each
     batch's size), and their fingerprint: a batch whose fingerprint is `last`, the
     previous step's, is an exact repeat."""
     if not inputs:

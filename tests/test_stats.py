@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as ndbg
-from neuraldbg_nb import stats
+from neuraldbg_nb import batch_summary, stats
 
 
 def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
@@ -63,7 +63,7 @@ def test_the_weight_probe_follows_every_update_of_a_channels_last_model() -> Non
 @pytest.mark.parametrize("fault", ["none", "nan", "inf"])
 def test_min_max_and_the_batch_summary_read_every_element_whatever_the_layout(
         layout: str, fault: str) -> None:
-    """`min_max` and `input_batch` reduce a non-contiguous tensor in its memory order (or
+    """`min_max` and `batch_summary.input_batch` reduce a non-contiguous tensor in its memory order (or
     with two passes where it has gaps): the same minimum, maximum, sum and non-finite
     flag as the plain reductions, with the fault put in the last element in memory."""
     torch.manual_seed(0)
@@ -85,7 +85,7 @@ def test_min_max_and_the_batch_summary_read_every_element_whatever_the_layout(
     assert torch.equal(mn, x.amin()) or (fault == "nan" and mn.isnan()), (mn, x.amin())
     assert torch.equal(mx, x.amax()) or (fault == "nan" and mx.isnan()), (mx, x.amax())
     sc = stats.Scalars()
-    pos = stats.input_batch(x, True, sc, stats.Ramps())
+    pos = batch_summary.input_batch(x, True, sc, batch_summary.Ramps())
     v = sc.to_host()
     assert v[pos["min"]] == pytest.approx(x.amin().item(), nan_ok=True)
     assert v[pos["max"]] == pytest.approx(x.amax().item(), nan_ok=True)
@@ -335,18 +335,18 @@ def test_the_input_fingerprint_weighs_by_position_with_a_bounded_ramp() -> None:
     """One-hot batches differ only in where the one is: the weighted sum tells them apart.
     Above `RAMP_MAX` elements the weights repeat (position modulo it), so no ramp as large
     as an image batch is held, on an accelerator least of all."""
-    ramps = stats.Ramps()
-    n = 2 * stats.RAMP_MAX + 5
+    ramps = batch_summary.Ramps()
+    n = 2 * batch_summary.RAMP_MAX + 5
     sums = []
-    for hot in (10, 11, stats.RAMP_MAX + 12, n - 1):
+    for hot in (10, 11, batch_summary.RAMP_MAX + 12, n - 1):
         x = torch.zeros(n)
         x[hot] = 1.0
-        sums.append(float(stats._weighed(x, ramps)))
-    assert sums == [10.0, 11.0, 12.0, float((n - 1) % stats.RAMP_MAX)]
-    assert all(r.numel() <= stats.RAMP_MAX for r in ramps._kept.values())
+        sums.append(float(batch_summary._weighed(x, ramps)))
+    assert sums == [10.0, 11.0, 12.0, float((n - 1) % batch_summary.RAMP_MAX)]
+    assert all(r.numel() <= batch_summary.RAMP_MAX for r in ramps._kept.values())
     small = torch.randn(300).to(torch.bfloat16)  # weighed in float32: exact positions
     one_hot = torch.zeros(300, dtype=torch.bfloat16)
     one_hot[299] = 1
-    assert float(stats._weighed(one_hot, ramps)) == 299.0
-    assert float(stats._weighed(small, ramps)) == pytest.approx(
+    assert float(batch_summary._weighed(one_hot, ramps)) == 299.0
+    assert float(batch_summary._weighed(small, ramps)) == pytest.approx(
         float((small.float() * torch.arange(300.0)).sum()), rel=1e-5)

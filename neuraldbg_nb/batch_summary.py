@@ -1,0 +1,80 @@
+"""The input batch's summary, and its fingerprint: is this batch the last one again?
+
+Every step: min, max (a free non-finite flag), sum and a position-weighted sum; sampled
+steps add the norm and the nonzero and finite counts. The probe queues them on the step's
+`stats.Scalars`; `step_row.input_scalars` reads them back into the row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import stats
+
+
+class Ramps:
+    """The weights 0, 1, 2, ... of the input fingerprint's weighted sum (`input_batch`),
+    one vector per batch size (up to `RAMP_MAX`), dtype and device, the last two kept (a
+    data set's last batch is smaller). A weighted sum tells apart batches that a sum does
+    not: two one-hot vectors always have the same min, max and sum, and a strided sum (of
+    every third element, until session 16) told them apart only where their hot positions
+    fell apart modulo 3: a batch-size-1 loop over one-hot inputs read 172 of 299 steps as
+    repeats."""
+
+    KEEP = 2
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def like(self, flat: torch.Tensor) -> torch.Tensor:
+        key = (flat.numel(), flat.dtype, flat.device)
+        ramp = self._kept.get(key)
+        if ramp is None:
+            if len(self._kept) >= self.KEEP:
+                self._kept.pop(next(iter(self._kept)))
+            ramp = self._kept[key] = torch.arange(key[0], dtype=key[1], device=key[2])
+        return ramp
+
+    def release(self) -> None:
+        self._kept.clear()
+
+
+def input_batch(x: torch.Tensor, rich: bool, into: stats.Scalars, ramps: Ramps) -> dict[str, int]:
+    """Positions of a batch's summaries. Every step: min, max (a free non-finite flag),
+    sum and a position-weighted sum (`Ramps`; with min and max, a fingerprint that tells
+    an exact repeat of the previous batch). Sampled steps add the norm, nonzero and finite
+    counts; the finite count is -1 (all of them) where a CPU batch's min and max are
+    finite. A channels-last batch is read in its memory order (`stats.dense`); one with
+    gaps is copied once; a sparse one through its stored values; a half-precision one is
+    weighed in float32 (its ramp would round above 256)."""
+    if x.layout != torch.strided:
+        x = stats.stored_values(x)
+    xf = x if x.is_floating_point() else x.float()
+    flat = stats.dense(xf)
+    flat = (xf.contiguous() if flat is None else flat).view(-1)
+    mn, mx = stats.min_max(flat)
+    pos = {"min": into.add(mn), "max": into.add(mx),
+           "sum": into.add(flat.sum(dtype=stats.acc_dtype(flat))),
+           "print": into.add(_weighed(flat, ramps))}
+    if rich:
+        pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=stats.acc_dtype(flat)))
+        pos["nonzero"] = into.add(torch.count_nonzero(flat))
+        pos["finite"] = -1 if stats.known_finite(mn, mx) else into.add(torch.isfinite(flat).sum())
+    return pos
+
+
+RAMP_MAX = 1 << 20
+"""The longest weight vector of `Ramps` (4 MB in float32): a larger batch (an image batch
+of 38 MB on an accelerator) is weighed by position modulo this, a dot product per slice,
+instead of holding a ramp as large as the batch."""
+
+
+def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
+    """sum((i mod `RAMP_MAX`) * flat[i]): one pass, in dot products."""
+    wide = flat if flat.element_size() >= 4 else flat.float()
+    ramp = ramps.like(wide[:RAMP_MAX])
+    n = wide.numel()
+    if n <= RAMP_MAX:
+        return torch.dot(wide, ramp)
+    return torch.stack([torch.dot(wide[i:i + RAMP_MAX], ramp[:min(RAMP_MAX, n - i)])
+                        for i in range(0, n, RAMP_MAX)]).sum()
