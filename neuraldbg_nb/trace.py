@@ -376,7 +376,7 @@ class Trace:
             for i, (name, type_, role, has_params, *rest) in enumerate(z["layers"]):
                 t.add_layer(str(name), str(type_), str(role), has_params == "1",
                             rest[:1] != ["0"], int(rest[1]) if len(rest) > 1 else -1)
-                if len(rest) > 2:  # 4 to 6 columns: older files
+                if len(rest) > 2:  # files of 4 to 6 columns were saved before `outputs`
                     t.update_layer(i, outputs=int(rest[2]))
             n = len(z["step__loss"])
             while t._cap < n:

@@ -97,11 +97,13 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     scale = np.full(g.shape, HOLD, np.int8)  # one info event, at the first step
     if scaled >= 0 and lo == 0 and len(g):
         scale[0, scaled] = INFO
-    band = (g >= th.vanish) & (g < th.vanish * RECOVER)
-    begun = ~starting(g, lo, th.window)
-    vanishing = grade(finite & ~band & (g != 0) & begun, (g < th.vanish, ERROR))
-    # exactly 0: no part of the loss reaches the layer at all (`findings`' last Finding)
-    cut = grade(finite & ~band & ~((g > 0) & (g < th.vanish)) & begun, (g == 0, WARNING))
+    # judged: not in the recovery band, not a gradient still rising from 0 (`starting`)
+    judged = finite & ~((g >= th.vanish) & (g < th.vanish * RECOVER)) \
+        & ~starting(g, lo, th.window)
+    zero = g == 0  # no part of the loss reaches the layer at all (signal "cut")
+    tiny = (g > 0) & (g < th.vanish)
+    vanishing = grade(judged & ~zero, (tiny, ERROR))
+    cut = grade(judged & ~tiny, (zero, WARNING))
     return [
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "

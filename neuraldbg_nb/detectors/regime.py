@@ -53,6 +53,12 @@ def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
     return codes, level
 
 
+def few(trace: Trace, field: str) -> list[int]:
+    """The layers with fewer than `FEW` numbers in `field` (`LayerInfo.params` or
+    `LayerInfo.outputs`; -1, not recorded, is not few)."""
+    return [j for j, i in enumerate(trace.layers) if 0 <= getattr(i, field) < FEW]
+
+
 def converging(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     """Steps whose loss fell by `jump` or more below its own recent level (the mean of its
     log over the last `window` steps): there the gradients shrinking with it is the
@@ -98,13 +104,13 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
 
     act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
     grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
-    grad_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.params < FEW]] = HOLD
+    grad_codes[:, few(trace, "params")] = HOLD
     rows = np.flatnonzero(converging(trace, lo, stop, th))
     if len(rows):
         codes = grad_codes[rows]
         codes[grad[rows] < grad_base[rows]] = OK
         grad_codes[rows] = codes
-    act_codes[:, [j for j, i in enumerate(trace.layers) if 0 <= i.outputs < FEW]] = HOLD
+    act_codes[:, few(trace, "outputs")] = HOLD
     return [
         Finding("regime_shift", "activation", act_codes, act, previous=act_base,
                 message=describe("activations (abs-max)")),

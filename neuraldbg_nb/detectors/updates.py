@@ -15,7 +15,7 @@ import numpy as np
 from ..thresholds import Thresholds
 from ..trace import Trace
 from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
-from .regime import FEW
+from .regime import few
 
 
 def _back(a: np.ndarray, k: int) -> np.ndarray:
@@ -66,7 +66,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     judged = ~np.isnan(change)
     if born.any():  # rare: one pass over the rows where it is needed
         judged &= ~_growing(born, th.window + 2)
-    judged[:, [j for j, i in enumerate(trace.layers) if 0 <= i.params < FEW]] = False
+    judged[:, few(trace, "params")] = False
     judged |= blown
     codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     lr_at, lr_prev = _back(lr, 1), _back(lr, 2)  # learning rate of the update judged at row t
