@@ -180,6 +180,33 @@ def test_regime_shift_is_relative_to_the_layers_own_history():
     assert "1e+03x" in tiny[0].message or "jumped" in tiny[0].message
 
 
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_gradient_that_falls_for_one_step_is_the_batch_not_a_regime_shift(chunk):
+    # a mixture of experts: an expert routed one easy token has its gradient fall 1000x
+    # for that step, and one routed no token at the next steps has none (NaN); a layer
+    # whose gradient falls and stays down has collapsed, from the step it began;
+    # activations jump loudly at once
+    g = noisy(1e-2, cols=4)
+    g[30, 0] = 1e-5                 # one step: the batch
+    g[30:, 1] = 1e-5                # from step 30 on: a collapse
+    g[30:32, 2] = 1e-5              # two steps: a collapse that ended
+    g[30, 3] = 1e-5                 # one step, then three without a gradient
+    g[31:34, 3] = np.nan
+    a = noisy(1.0, cols=4)
+    a[30, 0] = 1e3
+    layers = [("expert", "other"), ("dead", "other"), ("brief", "other"), ("idle", "other")]
+    cols = {"grad_norm": g, "act_absmax": a, "param_norm": np.ones((N, 4)),
+            "update_ratio": noisy(1e-3, cols=4)}
+    scalars = {"loss": noisy(1.0, seed=3)[:, 0]}
+    _, events = detect(build(layers, cols, scalars))
+    found = [(e.layer, e.step, e.severity) for e in of(events, "regime_shift", signal="gradient")]
+    assert found == [("dead", 30, "warning"), ("brief", 30, "warning")]
+    assert [(e.layer, e.step) for e in of(events, "regime_shift", signal="activation")] == [
+        ("expert", 30)]
+    _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_slow_drift_is_not_a_regime_shift():
     a = (1.1 ** np.arange(N))[:, None] * noisy(1.0, seed=7)   # x1.1 per step: 300x in all
     trace = build([("drift", "other")], {"act_absmax": a})

@@ -390,3 +390,53 @@ def test_an_auxiliary_head_whose_loss_weight_reaches_zero_is_cut_off_not_vanishi
     assert cut == [("aux", 60, "cut", "warning")]
     assert "vanishing gradient (exactly 0: no part of the loss reaches it) in 1 layer from " \
         "step 60 (aux)" in str(run)
+
+
+class _TopOneMoE(nn.Module):
+    """A mixture of 8 experts, each token routed to its most likely expert (Switch-style),
+    with the load-balancing loss kept in `aux`."""
+
+    def __init__(self, d: int, experts: int = 8) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d, experts)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 64), nn.ReLU(), nn.Linear(64, d)) for _ in range(experts))
+        self.aux = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.gate(x).softmax(-1)
+        w, idx = p.max(-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            sel = (idx == e).nonzero(as_tuple=True)[0]
+            if len(sel):
+                out = out.index_add(0, sel, expert(x[sel]) * w[sel, None])
+        share = F.one_hot(idx, len(self.experts)).float().mean(0)
+        self.aux = len(self.experts) * (share * p.mean(0)).sum()
+        return out
+
+
+def test_experts_routed_a_few_tokens_in_a_step_are_quiet():
+    """An expert that gets one easy token in a step has its gradient fall 100-10,000x for
+    that step and come back at the next: 14 gradient regime-shift warnings in 300 steps
+    before (`regime.GRADIENT_PATIENCE`)."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    centres = torch.randn(40, 16, generator=gen) * 2
+    labels = torch.randint(0, 5, (40,), generator=gen)
+    moe = _TopOneMoE(32)
+    model = nn.ModuleDict({"inp": nn.Linear(16, 32), "moe": moe, "ln": nn.LayerNorm(32),
+                           "head": nn.Linear(32, 5)})
+    opt = torch.optim.Adam(model.parameters(), 2e-3)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(300):
+            c = torch.randint(0, 40, (24,), generator=gen)
+            h = model["inp"](centres[c] + 0.5 * torch.randn(24, 16, generator=gen))
+            h = h + moe(model["ln"](h))
+            loss = F.cross_entropy(model["head"](h), labels[c]) + 0.01 * moe.aux
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    _assert_quiet(run, torch.stack(losses), 300)

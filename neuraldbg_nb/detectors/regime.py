@@ -31,6 +31,16 @@ online regression's output (one number a step) "collapsed 958x", an error. The s
 few dozen numbers does not fall to nothing unless all of them do."""
 
 
+GRADIENT_PATIENCE = 2
+"""Steps a gradient's jump must hold to be a regime shift. A gradient that jumps for one
+step and is back at the next is the batch, not the layer: in a mixture of experts, an
+expert routed one easy token had its gradient fall 100-10,000x for that step, 14 warnings
+in 300 steps of healthy training. A layer that collapsed stays collapsed, and is reported
+at the step it began. Steps where the layer had no gradient (an expert routed no token)
+are no evidence either way: they do not count. Activations keep a patience of 1: a jump
+there is loud at once."""
+
+
 def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
                 jumps: Jumps | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(codes, baseline level) of a jump against each column's own recent history.
@@ -115,5 +125,6 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
         Finding("regime_shift", "activation", act_codes, act, previous=act_base,
                 message=describe("activations (abs-max)")),
         Finding("regime_shift", "gradient", grad_codes, grad, previous=grad_base,
-                message=describe("gradient norm")),
+                message=describe("gradient norm"), patience=GRADIENT_PATIENCE,
+                hold_counts=False),
     ]
