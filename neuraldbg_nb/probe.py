@@ -41,6 +41,7 @@ from .layers import (
 )
 from .sampler import Sampler
 from .selfcost import SelfCost
+from .step_owner import StepOwner
 from .trace import Trace
 from .weight_probe import WeightProbe
 
@@ -143,7 +144,7 @@ class Probe:
         self._owners: list[tuple[str, nn.Parameter, int]] = []  # (name, param, module id)
         self._params_cache: list[tuple[str, nn.Parameter, int]] = []
         self._weights = WeightProbe(self._owners, self._layer)
-        self._primary: weakref.ref[torch.optim.Optimizer] | None = None
+        self._steps = StepOwner(self._owners, self._index, trace, self._given)
         self._root_depth = 0
         self._eval_call = False  # the model's call in progress began with gradients off
         self.compiled_seen = False
@@ -152,9 +153,6 @@ class Probe:
         self.manual_steps = False
         self._closure_step = False  # the primary's step in progress was given a closure
         self.steps_seen = 0
-        # steps of optimizers that train no watched parameter, while none that does had
-        # stepped: an optimizer made for an earlier copy of the model (see `close_partial`)
-        self.foreign_steps = 0
         self._sc = stats.Scalars()
         self._batch_rows = stats.RichBatch()
         self._ramps = batch_summary.Ramps()  # the input fingerprint's weights
@@ -172,12 +170,6 @@ class Probe:
         self._root_outs: list[torch.Tensor] = []
         self._prev_outs: list[torch.Tensor] = []
         self._reset_step()
-        self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
-            weakref.WeakKeyDictionary()  # other optimizers: do they train watched weights?
-        self._other_lr: set[int] = set()  # modules whose weights another optimizer trains
-        # steps of other optimizers since the primary's last one (see `_takes_over`)
-        self._in_a_row: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
-            weakref.WeakKeyDictionary()
         self._last_fingerprint: step_row.Fingerprint | None = None
         for prefix, root in roots or []:
             self._add_root(root, prefix)
@@ -277,55 +269,10 @@ class Probe:
             c = self._cand[mid]
             own = own_params(c.module)
             idx = c.index = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
-                                                 bool(own), primary_lr=mid not in self._other_lr,
+                                                 bool(own), primary_lr=mid not in self._steps.other_lr,
                                                  params=sum(p.numel() for p in own))
             self._index[mid] = idx
         return idx
-
-    def _owns(self, opt: torch.optim.Optimizer) -> bool:
-        if not self._owners:
-            return not self._given
-        mine = {id(p) for _, p, _ in self._owners}
-        return any(id(p) in mine for g in opt.param_groups for p in g["params"])
-
-    def _takes_over(self, opt: torch.optim.Optimizer) -> bool:
-        """Whether `opt`, not the primary optimizer, marks the steps from now on: it
-        trains watched weights and steps a second time without the primary stepping in
-        between (a second model trained after the first in the same block, while the
-        first one's optimizer still exists). A GAN's generator steps once per
-        discriminator step, and a critic's extra steps take over from a generator that
-        stepped first. Before, the second model's steps were never closed: its training
-        was not recorded, and the probe's per-step lists grew with it."""
-        if not self._trains_watched(opt):
-            return False
-        self._in_a_row[opt] = self._in_a_row.get(opt, 0) + 1
-        if self._in_a_row[opt] < 2:
-            return False
-        self._primary = weakref.ref(opt)
-        self._others = weakref.WeakKeyDictionary()  # judged again against the new one
-        self._other_lr.clear()
-        for i in range(self.trace.n_layers):
-            self.trace.update_layer(i, primary_lr=True)
-        return True
-
-    def _trains_watched(self, opt: torch.optim.Optimizer) -> bool:
-        """Whether an optimizer other than the primary one updates watched weights;
-        asked again only when a model is discovered. Layers it trains alone are marked:
-        the step's learning rate is the primary's, not theirs (`LayerInfo.primary_lr`)."""
-        known = self._others.get(opt)
-        if known is None or known[0] != len(self._owners):
-            known = self._others[opt] = (len(self._owners), bool(self._owners)
-                                         and self._owns(opt))
-            primary = self._primary() if self._primary is not None else None
-            if known[1] and primary is not None:
-                mine = {id(p) for g in primary.param_groups for p in g["params"]}
-                theirs = {id(p) for g in opt.param_groups for p in g["params"]}
-                for _, p, mid in self._owners:
-                    if id(p) in theirs and id(p) not in mine:
-                        self._other_lr.add(mid)
-                        if mid in self._index:
-                            self.trace.update_layer(self._index[mid], primary_lr=False)
-        return known[1]
 
     # -- hooks ----------------------------------------------------------------------
     @_guarded
@@ -547,18 +494,10 @@ class Probe:
 
     @_guarded
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        primary = self._primary() if self._primary is not None else None
-        if primary is None:  # the first step, or the optimizer was replaced (and freed)
-            if not self._owns(opt):
-                self.foreign_steps += 1
-                return
-            self._primary = weakref.ref(opt)
-            primary = opt
-        elif primary is not opt and self._takes_over(opt):
-            primary = opt
+        primary = self._steps.before_step(opt)
+        if primary is None:  # no optimizer trains the watched weights yet, nor does this one
+            return
         if primary is opt:
-            if self._in_a_row:
-                self._in_a_row.clear()
             self.steps_seen += 1
             self._before_update()
             # a closure runs the step's forward and backward inside the step: it closes
@@ -567,20 +506,20 @@ class Probe:
                                                      else None))
             if not self._closure_step:
                 self._close(opt)
-        elif self._weights.measuring and self._trains_watched(opt):
+        elif self._weights.measuring and self._steps.trains_watched(opt):
             # another optimizer of the step (a GAN's generator): its update is measured
             # on the step the primary's was, and adds to it
             self._weights.keep_before()
 
     @_guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        primary = self._primary() if self._primary is not None else None
+        primary = self._steps.primary
         if primary is opt:
             if self._closure_step:
                 self._closure_step = False
                 self._close(opt)
             self._after_update(primary=True)
-        elif primary is not None and self._trains_watched(opt):
+        elif primary is not None and self._steps.trains_watched(opt):
             self._after_update(primary=False)  # the weights are read after every update
 
     # -- user-facing step API ---------------------------------------------------------
@@ -778,12 +717,13 @@ class Probe:
         """At exit of a loop that never stepped: what was recorded becomes one step.
         Returns (what it means, in a clause for the story's headline; why, for the run's
         notes): no optimizer at all, or one that trains none of the watched parameters
-        (`foreign_steps`)."""
-        if self.foreign_steps:
+        (`StepOwner.foreign_steps`)."""
+        foreign = self._steps.foreign_steps
+        if foreign:
             what = ("the model did not train: the optimizer that stepped trains none of its "
                     "parameters")
-            why = (f"an optimizer stepped {self.foreign_steps} time"
-                   f"{'s' * (self.foreign_steps != 1)}, but none of the parameters it trains "
+            why = (f"an optimizer stepped {foreign} time"
+                   f"{'s' * (foreign != 1)}, but none of the parameters it trains "
                    f"are the watched model's: the model never changed, and the whole block "
                    f"was recorded as one step. The optimizer was made for another model, "
                    f"most likely an earlier copy of this one (the cell that makes the model "
