@@ -660,22 +660,37 @@ def test_weights_growing_from_zeros_are_not_an_exploding_update(chunk):
     # SGD with momentum 0.9: each update 1 + 0.9 + ... times the first, so the norm goes
     # 1, 2.9, 5.6, ... (x2.9 in the update of step 1); "b" the same from a norm of 1, an
     # optimizer blow-up; "c" grows from zeros, then is multiplied by 5 in place at step 30
-    # (after `GROWING` updates); "d" grows from zeros and goes non-finite at step 3
+    # (after `GROWING` updates); "d" grows from zeros and goes non-finite at step 3; "e"
+    # grows from zeros one step late, under a warm-up whose first learning rate is 0: its
+    # first move, at step 1, is not sampled (a LoRA B matrix under Hugging Face's linear
+    # warm-up was "changed by 1.84x" at step 2, the run's first failure)
     v = np.cumsum(0.9 ** np.arange(N))
     grown = np.cumsum(v)
-    w = np.stack([grown, 1 + grown, grown, grown], axis=1) * 0.0036
+    late = np.concatenate([[0.0], grown[:-1]])
+    w = np.stack([grown, 1 + grown, grown, grown, late], axis=1) * 0.0036
     w[30:, 2] *= 5
     w[3:, 3] = np.inf
-    upd = np.full((N, 4), np.nan)
+    upd = np.full((N, 5), np.nan)
     upd[::10] = 1e-3
-    upd[0] = [np.inf, 1.0, np.inf, np.inf]
-    layers = [(c, "other") for c in "abcd"]
-    cols = {"grad_norm": noisy(1e-2, cols=4), "param_norm": w, "update_ratio": upd}
+    upd[0] = [np.inf, 1.0, np.inf, np.inf, np.nan]
+    layers = [(c, "other") for c in "abcde"]
+    cols = {"grad_norm": noisy(1e-2, cols=5), "param_norm": w, "update_ratio": upd}
     _, events = detect(build(layers, cols))
     found = {e.layer: (e.step, e.severity) for e in of(events, "exploding_update")}
     assert found == {"b": (0, "error"), "c": (30, "error"), "d": (3, "error")}
     _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+def test_a_step_decay_by_exactly_the_jump_factor_is_a_learning_rate_change():
+    # StepLR(gamma=0.1) from 0.05: 0.05 * 0.1 is 0.005000000000000001, a factor of 10 that
+    # reads 0.9999999999999999 decades; the first decay went unreported
+    lr = np.full(N, 0.05)
+    lr[20:] = 0.05 * 0.1
+    lr[40:] = 0.05 * 0.1 * 0.1
+    cols = {"grad_norm": noisy(1e-2), "param_norm": np.ones((N, 1))}
+    _, events = detect(build([("a", "other")], cols, {"lr": lr}))
+    assert [e.step for e in of(events, "lr_change")] == [20, 40]
 
 
 @pytest.mark.parametrize("chunk", [1, 7, N])

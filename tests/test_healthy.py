@@ -440,3 +440,37 @@ def test_experts_routed_a_few_tokens_in_a_step_are_quiet():
             opt.step()
             losses.append(loss.detach())
     _assert_quiet(run, torch.stack(losses), 300)
+
+
+class _LoRA(nn.Module):
+    """A frozen linear layer plus a trained low-rank update B @ A, B initialised to zeros
+    (as in the LoRA paper and peft)."""
+
+    def __init__(self, base: nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_B.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + 2.0 * self.lora_B(self.lora_A(x))
+
+
+def test_lora_under_a_warm_up_from_a_learning_rate_of_zero_is_quiet():
+    """Hugging Face's linear warm-up starts at a learning rate of 0: the zero-initialised B
+    matrices first move at step 1, which is not sampled, and their second update doubles
+    them. "Weights changed by 1.84x their size during step 2" was the first failure."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    x = torch.randn(512, 32, generator=gen)
+    y = (x @ torch.randn(32, 10, generator=gen)).argmax(1)
+    pretrained = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                               nn.Linear(64, 10))
+    model = nn.Sequential(_LoRA(pretrained[0]), nn.ReLU(), _LoRA(pretrained[2]), nn.ReLU(),
+                          pretrained[4].requires_grad_(False))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 30))
+    run, losses = _fit(model, x, y, opt, 200, 64, gen, warm)
+    _assert_quiet(run, losses)
+    assert run.trace.scalar("lr")[0] == 0.0

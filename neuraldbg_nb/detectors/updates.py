@@ -57,8 +57,13 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     n = w.shape[0]
     # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
     after, before, ratio = _back(w, 1), _back(w, 2), _back(upd, 1)
-    born = np.isposinf(ratio)  # the weights were all zeros before it (`GROWING`)
+    # the weights were all zeros before it (`GROWING`): measured so at a sampled step, or
+    # read so from the norms of every step (a warm-up whose first learning rate is 0, or a
+    # layer behind another zero-initialised one, first moves at a step not sampled)
+    born = np.isposinf(ratio)
     ratio[born] = np.nan
+    with np.errstate(invalid="ignore"):
+        born |= (before == 0) & (after > 0) & np.isfinite(after)
     with np.errstate(divide="ignore", invalid="ignore"):
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)
@@ -184,6 +189,12 @@ def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,
                    step_offset=-1)
 
 
+LR_SLACK = 1e-9
+"""Decades a learning rate's move may fall short of `jump` and still count: StepLR's gamma
+of 0.1 took 0.05 to 0.005000000000000001, a factor of 10 that reads 0.9999999999999999
+decades in floating point, and its first decay went unreported."""
+
+
 def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """An info event where the learning rate moves by `jump` or more in one step."""
     lr = trace.scalar("lr", lo, stop)
@@ -192,7 +203,7 @@ def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Findin
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = np.abs(np.log10(lr / prev))
     codes = np.where(np.isnan(factor), HOLD,
-                     np.where(factor >= np.log10(th.jump), INFO, OK)).astype(np.int8)
+                     np.where(factor >= np.log10(th.jump) - LR_SLACK, INFO, OK)).astype(np.int8)
     return [Finding("lr_change", "lr", codes[:, None], lr[:, None], previous=prev[:, None],
                     per_layer=False,
                     message=lambda n, s, v, p, sev: f"learning rate changed {fmt(p)} -> "
