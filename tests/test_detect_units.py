@@ -111,6 +111,30 @@ def test_exploding_gradient_root_is_the_layer_with_the_highest_norm():
     assert all(e.severity != "error" for e in of(events, "regime_shift"))
 
 
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_gradient_that_climbs_above_the_line_step_by_step_is_not_exploding(chunk):
+    # a run whose gradients start at 150 (targets not normalised) lives at that scale,
+    # and its norms grow with it, as a regression's do while its weights grow to targets
+    # of order 1000 (1.3e3 -> 2.5e5 in 400 healthy steps under Adam): "creep" grows 15% a
+    # step, above the line (1.5e3) from step 17 but exploding only from 100x it (step
+    # 50); "fast" grows 30% a step, above the line from step 9 and 10x its mean of the
+    # steps before it from step 17 (16x a full window's). In a run at the classic scale
+    # (starting at 0.5) the line decides.
+    k = np.arange(N)[:, None]
+    layers = [("creep", "other"), ("fast", "other")]
+    scalars = {"loss": noisy(1.0, seed=3)[:, 0]}
+    for start, expected in ((150.0, [("fast", 17), ("creep", 50)]),
+                            (0.5, [("fast", 29), ("creep", 55)])):
+        g = start * np.concatenate([1.15 ** k, 1.3 ** k], axis=1)
+        cols = {"grad_norm": g, "param_norm": np.ones((N, 2)),
+                "update_ratio": noisy(1e-3, cols=2)}
+        _, events = detect(build(layers, cols, scalars))
+        found = [(e.layer, e.step) for e in of(events, "exploding_gradient", signal="gradient")]
+        assert found == expected
+        _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_an_activation_jump_before_the_exploding_gradients_is_the_root():
     g = noisy(1.0, cols=3)
     a = noisy(2.0, cols=3, seed=1)

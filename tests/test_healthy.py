@@ -474,3 +474,31 @@ def test_lora_under_a_warm_up_from_a_learning_rate_of_zero_is_quiet():
     run, losses = _fit(model, x, y, opt, 200, 64, gen, warm)
     _assert_quiet(run, losses)
     assert run.trace.scalar("lr")[0] == 0.0
+
+
+def test_a_regression_on_targets_of_order_1000_is_not_an_exploding_gradient():
+    """Targets of order 1000 (not normalised) under Adam: the gradient norms start at
+    1.3e3 and grow to 2.5e5 as the weights grow to the targets' scale, step by step, while
+    the loss falls. Judged by the exploding line alone, that was an error at step 35 and
+    eight more after it (`gradients._exploding`)."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    x = torch.randn(8192, 8, generator=gen)
+    x = (x - x.mean(0)) / x.std(0)
+    f = torch.sin(x[:, 0]) + x[:, 1] * x[:, 2] + 0.5 * x[:, 3] ** 2 + 0.3 * x[:, 4]
+    y = (1000 * f + 50 * torch.randn(8192, generator=gen)).unsqueeze(1)
+    model = nn.Sequential(nn.Linear(8, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(400):
+            i = torch.randint(0, len(x), (128,), generator=gen)
+            loss = F.mse_loss(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    _assert_quiet(run, torch.stack(losses), 400)
+    grads = run.trace.col("grad_norm")
+    assert np.nanmax(grads) > 10 * np.nanmax(grads[0]) > 1e4  # it did climb past the line

@@ -39,7 +39,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (updates.lr_findings, _recent),
     (updates.stall_findings, _recent),
     (loss.findings, _trend),
-    (gradients.findings, _recent),
+    (gradients.findings, gradients.history),
     (loop.findings, _recent),
 )
 """Each detector with the steps of history before a chunk that it reads."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
+from ._baseline import log_level, trailing_stats
 from ._scan import ERROR, HOLD, INFO, WARNING, Finding, fmt, grade
 
 RECOVER = 10.0
@@ -58,6 +59,50 @@ def explode_line(trace: Trace, th: Thresholds) -> tuple[float, int]:
     return th.explode * factor, j
 
 
+SLOW_MARGIN = 100.0
+"""A gradient that climbed above the exploding line without a jump is exploding from this
+many times the line on, however slowly it got there."""
+
+
+def _exploding(g: np.ndarray, finite: np.ndarray, line: float, th: Thresholds) -> np.ndarray:
+    """Codes of exploding gradients in a run that lives at its own scale (its first step's
+    norms moved the line: `explode_line`): a norm above `line` within `window` steps of a
+    jump above it (by `th.jump` or more over the layer's own recent level, the mean of its
+    log over the last `window` steps, as for regime shifts), or above `SLOW_MARGIN` x
+    `line`. In a run at the classic scale the line alone decides, wherever it is set.
+
+    Such a run's norms grow with it: a regression on targets of order 1000 under Adam
+    starts at a gradient norm of 1.3e3 and grows to 2.5e5 over 400 healthy steps, as the
+    weights and activations grow to the targets' scale (Adam's steps do not grow with
+    it); judged by the line alone it was an exploding gradient at step 35 and eight times
+    after. Above the line without a recent jump, the last verdict holds (HOLD). A
+    gradient that climbs until it does damage is still found: by the updates it makes
+    (`updates`), the loss (`loss`), or non-finite values. Before `warmup` steps of
+    history, the line alone decides. Reads 2 x `window` steps of history (`history`);
+    the baselines are computed only where a norm is above the line."""
+    over = finite & (g > line)
+    if not over.any():
+        return grade(finite, (over, ERROR))
+    logs = log_level(g)
+    mean, _ = trailing_stats(logs, th.window, th.warmup)
+    with np.errstate(invalid="ignore"):
+        jumped = over & ~(logs < mean + np.log10(max(th.jump, 1.0)))  # no baseline: True
+    counts = np.zeros((len(g) + 1,) + g.shape[1:], np.int64)
+    np.cumsum(jumped, axis=0, out=counts[1:])
+    rows = np.arange(1, len(g) + 1)
+    recent = counts[rows] - counts[np.maximum(rows - 1 - th.window, 0)]  # rows r-window..r
+    loud = over & ((recent > 0) | (g > line * SLOW_MARGIN))
+    codes = grade(finite, (loud, ERROR))
+    codes[over & ~loud] = HOLD
+    return codes
+
+
+def history(th: Thresholds) -> int:
+    """Steps before a chunk that `findings` reads: a jump's `window` steps, each judged
+    against the `window` before it (`_exploding`)."""
+    return 2 * th.window + 2
+
+
 def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:
     """Rows where a layer's gradient is still growing from an exact zero at the run's
     first step: a layer upstream of a zero-initialised multiplier (the last BatchNorm of
@@ -93,7 +138,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     finite = np.isfinite(g)
     nonfinite = grade(~np.isnan(g), (~finite, ERROR))
     line, scaled = explode_line(trace, th)
-    exploding = grade(finite, (g > line, ERROR))
+    exploding = _exploding(g, finite, line, th) if scaled >= 0 else \
+        grade(finite, (g > line, ERROR))
     scale = np.full(g.shape, HOLD, np.int8)  # one info event, at the first step
     if scaled >= 0 and lo == 0 and len(g):
         scale[0, scaled] = INFO

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from .gradients import explode_line
+from .gradients import SLOW_MARGIN, explode_line
 
 _MOVERS = ("act_absmax", "grad_norm")
 """Per-layer columns of the newest step compared with the step before. The weight norm
@@ -53,7 +53,8 @@ def wake(trace: Trace, th: Thresholds) -> str:
         moved = (q >= hi) | ((q <= lo) & (q >= 0)) | (np.isinf(now) & ~np.isinf(before))
         vanished = ((grad_now < th.vanish) & ~(grad_b < th.vanish)).any()
         line = explode_line(trace, th)[0]
-        exploded = ((grad_now > line) & ~(grad_b > line)).any()
+        exploded = any(((grad_now > x) & ~(grad_b > x)).any()  # (`gradients._exploding`)
+                       for x in (line, line * SLOW_MARGIN))
     inf_b, inf = both[:, -1]
     loss = 3 * n
     rose = moved[loss] and np.isfinite(now[loss])  # a divergence must hold a while
