@@ -397,12 +397,17 @@ class Probe:
         """A bounded activation whose output is the model's (a classifier's final
         sigmoid) is not judged for saturation: a confident model's output is at its bounds
         by design. It was a warning on healthy binary classifiers. Its role becomes
-        "other" (the detectors read roles from the trace), from the first call on."""
+        "other" (the detectors read roles from the trace), from the first call on. The
+        model may return it reshaped (`.squeeze(1)`, `.view(-1, 1, 28, 28)`): a view of all
+        of its values is its output too."""
         ref, c = self._last[0], self._last_c
         if c is None or c.role != "bounded" or ref is None:
             return
         out = output if type(output) is torch.Tensor else first_tensor(output)
-        if out is not None and ref() is out:
+        last = ref()
+        if out is not None and last is not None and (out is last or (
+                out.numel() == last.numel() and _storage_at(out) == _storage_at(last) != 0
+                and out.storage_offset() == last.storage_offset())):
             c.role, c.bounds = "other", None
             self.trace.update_layer(c.index, role="other")  # numbered by its hook
 

@@ -19,10 +19,14 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+WEIGHT_PROBE = 4096
+"""Elements of each weight tensor that `param_norm` and `update_ratio` are read from (the
+first ones): the whole of a smaller tensor."""
+
 LAYER_COLUMNS: tuple[str, ...] = (
     "grad_norm",      # norm of the layer's own parameter gradients (weight and bias together)
     "param_norm",     # norm of the layer's weights after this step's update (of the first
-                      # 4096 elements of each tensor: the exact norm of smaller layers)
+                      # WEIGHT_PROBE elements of each tensor: the exact norm of smaller layers)
     "update_ratio",   # |w_after - w_before| / |w_before| of this step's update (sampled;
                       # of the same slice as param_norm; inf where w_before was all zeros)
     "update_unmoved",  # fraction of the same slice that this step's update left exactly as

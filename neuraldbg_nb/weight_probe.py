@@ -18,10 +18,7 @@ from torch import nn
 
 from . import stats
 from .step_row import layer_fractions, layer_norms
-from .trace import Trace
-
-WEIGHT_PROBE = 4096
-"""Elements of each weight tensor whose norm is read after every update."""
+from .trace import WEIGHT_PROBE, Trace
 
 # positions in the next transfer, and the layer each one is of
 Part = tuple[list[int], list[int]]

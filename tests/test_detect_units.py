@@ -706,6 +706,40 @@ def test_weights_growing_from_zeros_are_not_an_exploding_update(chunk):
     assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
+def test_layerscale_gains_growing_from_next_to_nothing_are_not_an_exploding_update():
+    # 64 gains initialised at 1e-5 (LayerScale: CaiT, ConvNeXt, DINOv2), then Adam's steps
+    # of 5e-5 each: step 0's update is 5x their size ("changed by 5x", the run's first
+    # failure), and no norm was read before it (the update's size bounds it). The same
+    # numbers for a layer too large to be read whole are still an exploding update.
+    w = 8e-5 + 4e-4 * np.arange(1, N + 1)
+    cols = {"grad_norm": noisy(1e-2, cols=2), "param_norm": np.stack([w, w], axis=1),
+            "update_ratio": np.full((N, 2), np.nan)}
+    cols["update_ratio"][0] = 5.0
+    trace = build([("ls", "other"), ("big", "other")], cols)
+    trace.update_layer(0, params=64)
+    trace.update_layer(1, params=100_000)
+    found = [(e.layer, e.step) for e in of(detect(trace)[1], "exploding_update")]
+    assert found == [("big", 0)]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_layer_used_one_step_in_five_is_not_cut_off(chunk):
+    # task heads trained in turn, gradients zeroed (not set to None): each head reads
+    # exactly 0 four steps in five, and was "cut off" for good; a head that stops being
+    # trained at step 30 is cut off from there
+    g = noisy(0.3, cols=2)
+    g[np.arange(N) % 5 != 0, 0] = 0.0
+    g[30:, 1] = 0.0
+    layers = [("turns", "other"), ("stopped", "other")]
+    cols = {"grad_norm": g, "param_norm": np.ones((N, 2)), "update_ratio": noisy(1e-3, cols=2)}
+    scalars = {"loss": noisy(1.0, seed=3)[:, 0]}
+    _, events = detect(build(layers, cols, scalars))
+    found = [(e.layer, e.step, e.signal) for e in of(events, "vanishing_gradient")]
+    assert found == [("stopped", 30, "cut")]
+    _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_a_step_decay_by_exactly_the_jump_factor_is_a_learning_rate_change():
     # StepLR(gamma=0.1) from 0.05: 0.05 * 0.1 is 0.005000000000000001, a factor of 10 that
     # reads 0.9999999999999999 decades; the first decay went unreported

@@ -136,6 +136,33 @@ def test_a_confident_classifiers_output_sigmoid_is_not_saturated():
     assert run.trace.layers[1].role == "bounded"
 
 
+class _Squeezed(nn.Module):
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(1)
+
+
+def test_a_classifiers_output_sigmoid_returned_reshaped_is_not_saturated():
+    """The same classifier returning its probabilities squeezed to shape (batch,): the
+    model's output is then a view of the sigmoid's, not the same tensor, and it was a
+    saturation warning."""
+    net, x, y = _binary(nn.ReLU())
+    model = _Squeezed(net)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(400):
+            i = (step * 64) % len(x)
+            opt.zero_grad()
+            F.binary_cross_entropy(model(x[i:i + 64]), y[i:i + 64, 0]).backward()
+            opt.step()
+    assert ((model(x) > 0.5).float() == y[:, 0]).float().mean() > 0.97, "it learned"
+    assert not [str(e) for e in run.events if e.severity != "info"]
+    assert run.trace.layers[run.trace.layer_names.index("net.3")].role == "other"
+
+
 def _fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, opt: torch.optim.Optimizer,
          steps: int, batch: int, gen: torch.Generator,
          sched: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -502,3 +529,55 @@ def test_a_regression_on_targets_of_order_1000_is_not_an_exploding_gradient():
     _assert_quiet(run, torch.stack(losses), 400)
     grads = run.trace.col("grad_norm")
     assert np.nanmax(grads) > 10 * np.nanmax(grads[0]) > 1e4  # it did climb past the line
+
+
+class _LayerScaleBlock(nn.Module):
+    """x + gamma * mlp(norm(x)), gamma per channel from 1e-5 (LayerScale: CaiT, ConvNeXt,
+    DINOv2)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.gamma = nn.Parameter(torch.full((d,), 1e-5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.gamma * self.mlp(self.norm(x))
+
+
+def test_layerscale_gains_from_1e_5_are_quiet():
+    """Adam's first steps are 10-100x a LayerScale gain initialised at 1e-5: "weights
+    changed by 100x their size during step 0" was the first failure (`updates.TINY`)."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    x = torch.randn(512, 32, generator=gen)
+    y = (x @ torch.randn(32, 10, generator=gen)).argmax(1)
+    model = nn.Sequential(nn.Linear(32, 64), *[_LayerScaleBlock(64) for _ in range(3)],
+                          nn.LayerNorm(64), nn.Linear(64, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    run, losses = _fit(model, x, y, opt, 200, 64, gen)
+    _assert_quiet(run, losses)
+
+
+def test_task_heads_trained_in_turn_are_not_cut_off():
+    """Five task heads on one trunk, one trained per step, gradients zeroed rather than
+    set to None: each head reads exactly 0 four steps in five. Each was "cut off" (no
+    part of the loss reaches it) with a warning that never ended."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    trunk = nn.Sequential(nn.Linear(32, 64), nn.ReLU())
+    heads = nn.ModuleList(nn.Linear(64, 10) for _ in range(5))
+    model = nn.ModuleDict({"trunk": trunk, "heads": heads})
+    teachers = torch.randn(5, 32, 10, generator=gen)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(250):
+            task = step % 5
+            x = torch.randn(64, 32, generator=gen)
+            loss = F.cross_entropy(heads[task](trunk(x)), (x @ teachers[task]).argmax(1))
+            opt.zero_grad(set_to_none=False)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    _assert_quiet(run, torch.stack(losses), 250)

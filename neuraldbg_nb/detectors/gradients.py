@@ -133,7 +133,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     apart from a vanishing one: nothing of the loss reaches the layer, most often on
     purpose (an auxiliary head whose loss weight was annealed to 0 was an error, "from
     step 200", and the run's first failure), so it is a warning (signal "cut") that says
-    what cuts it off."""
+    what cuts it off. Only once it has lasted `window` steps: a layer used one step in
+    several (task heads trained in turn, a per-task masked loss) reads exactly 0 between
+    its turns, where gradients are zeroed rather than set to None, and each head was a
+    warning that never ended."""
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     finite = np.isfinite(g)
     nonfinite = grade(~np.isnan(g), (~finite, ERROR))
@@ -174,7 +177,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                 if not math.isnan(p) else f"{n}: gradient norm vanishing ({fmt(v)}) from step {s}",
                 recovery=lambda n, s, v, p, sev: f"{n}: gradient norm back to healthy "
                                                  f"({fmt(v)}) at step {s}"),
-        Finding("vanishing_gradient", "cut", cut, g, patience=th.patience, hold_counts=False,
+        Finding("vanishing_gradient", "cut", cut, g, patience=max(th.patience, th.window),
+                hold_counts=False,
                 message=lambda n, s, v, p, sev: f"{n}: gradient exactly 0 from step {s}: no "
                                                 f"part of the loss reaches it (a loss term "
                                                 f"weighted 0 or detached, its output unused, "
