@@ -740,6 +740,47 @@ def test_a_layer_used_one_step_in_five_is_not_cut_off(chunk):
     assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 60])
+def test_an_input_jump_the_model_does_not_feel_is_a_warning(chunk):
+    # the input's abs-max jumps 160x at step 30 (a heavy-tailed feature's extreme value
+    # under a BatchNorm) and nothing moves: a warning; at step 45 the same jump with the
+    # first layer's output 100x (a Linear first): an error; at step 52, with a gradient
+    # collapsing 1000x (a tanh RNN saturated, its output bounded): an error
+    x = noisy(3e6)[:, 0]
+    x[[30, 45, 52]] *= 160
+    a = noisy(6.0, cols=2)
+    a[45, 0] *= 100
+    g = noisy(1e-2, cols=2)
+    g[52, 1] *= 1e-3
+    layers = [("bn", "other"), ("fc", "other")]
+    cols = {"act_absmax": a, "grad_norm": g, "param_norm": np.ones((N, 2)),
+            "update_ratio": noisy(1e-3, cols=2)}
+    scalars = {"loss": noisy(0.5, seed=3)[:, 0], "in_absmax": x}
+    _, events = detect(build(layers, cols, scalars))
+    found = [(e.step, e.severity) for e in of(events, "data_anomaly", signal="input_scale")]
+    assert found == [(30, "warning"), (45, "error"), (52, "error")]
+    _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 300])
+def test_gradients_that_vanish_as_the_loss_falls_to_an_exact_fit_are_not_vanishing(chunk):
+    # a fit of exact targets: the loss falls 8 decades in 300 steps and the gradient 5,
+    # below the line from step 240: converging; the same gradient with a loss that stays
+    # is vanishing, from step 240
+    n = 300
+    g = 0.999e-2 * 10 ** (-np.arange(n) / 60.0)[:, None]
+    layers = [("fit", "other")]
+    cols = {"grad_norm": g, "param_norm": np.ones((n, 1)), "update_ratio": noisy(1e-3, n=n)}
+    for falls, expected in ((True, []), (False, [240])):
+        loss = 1e-4 * (10 ** (-np.arange(n) / 37.5) if falls else np.ones(n))
+        scalars = {"loss": loss * noisy(1.0, n=n, seed=3)[:, 0]}
+        _, events = detect(build(layers, cols, scalars, n=n))
+        assert [e.step for e in of(events, "vanishing_gradient")] == expected
+        _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_a_step_decay_by_exactly_the_jump_factor_is_a_learning_rate_change():
     # StepLR(gamma=0.1) from 0.05: 0.05 * 0.1 is 0.005000000000000001, a factor of 10 that
     # reads 0.9999999999999999 decades; the first decay went unreported

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
+from ._baseline import log_level, shift_beyond
 from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt
 from .regime import describe, shift_codes
 
@@ -42,12 +43,36 @@ def _repeat_message(n: str, s: int, v: float, p: float, sev: str) -> str:
     return f"input batch at step {s} repeats the previous batch exactly"
 
 
+def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
+    """Rows where the model felt its input's jump: at that step its first layer's output
+    (abs-max), its loss or any layer's gradient norm moved by `jump` or more against its
+    own recent level (beyond its noise), or none of them was measured.
+
+    A batch of heavy-tailed raw features (log-normal with sigma 3, normalised by a
+    BatchNorm1d as the model's first layer) had its abs-max jump 160x at one step of 400,
+    an error and the run's first failure, while nothing in the model moved. A batch the
+    model feels is an error as before: a Linear's output 1e4x, a tanh RNN saturated (its
+    output stays bounded, its gradients collapse), a loss far above its level."""
+    first = trace.col("act_absmax", lo, stop)[:, :1]
+    loss = trace.scalar("loss", lo, stop)[:, None]
+    grad = trace.col("grad_norm", lo, stop)
+    felt = np.isnan(first).all(1) & np.isnan(loss[:, 0]) & np.isnan(grad).all(1)
+    for values in (first, loss, grad):
+        shift, _ = shift_beyond(log_level(values), th.window, th.warmup, th.noise)
+        with np.errstate(invalid="ignore"):
+            felt |= (shift >= np.log10(th.jump)).any(1)
+    return felt
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     nonfinite = trace.scalar("in_nonfinite", lo, stop)
     absmax = trace.scalar("in_absmax", lo, stop)
     const = trace.scalar("in_const", lo, stop)
     repeat = trace.scalar("in_repeat", lo, stop)
     shift, base = shift_codes(absmax[:, None], th, loud=True)
+    loud = shift[:, 0] == ERROR
+    if loud.any():  # an error where the model felt it, a warning elsewhere (`_felt`)
+        shift[loud & ~_felt(trace, lo, stop, th), 0] = WARNING
     col = lambda a: a[:, None]
     return [
         Finding("data_anomaly", "input_nonfinite", _flag(nonfinite, nonfinite > 0, ERROR),
