@@ -265,6 +265,22 @@ def test_dead_units_hovering_at_the_threshold_give_one_event():
     assert [(e.step, e.severity, e.end) for e in dead] == [(20, "warning", 47)]
 
 
+def test_a_failure_that_grew_from_a_warning_is_dated_from_the_warning():
+    # a learning rate raised 10x: units die, 71% from step 20 (a warning), and 91% from
+    # step 40 (an error): the failure began at step 20, not where it became an error; a
+    # warning of another layer that ended at step 40 is no part of it
+    d = np.full((N, 2), 0.1)
+    d[20:, 0] = 0.71
+    d[40:, 0] = 0.91
+    d[25:40, 1] = 0.6
+    trace = build([("r", "relu"), ("s", "relu")], {"dead_frac": d})
+    _, events = detect(trace)
+    assert [(e.layer, e.step, e.severity) for e in of(events, "dead_units")] == [
+        ("r", 20, "warning"), ("s", 25, "warning"), ("r", 40, "error")]
+    root = first_failure(events, ndbg.Thresholds())
+    assert (root.layer, root.step, root.severity) == ("r", 20, "warning")
+
+
 def test_dead_units_just_below_the_threshold_neither_start_nor_end_a_condition():
     d = np.full((N, 1), 0.1)
     d[20:45, 0] = [0.52, 0.47, 0.45, 0.51, 0.43] * 5  # wanders across 0.5, never below 0.4

@@ -369,3 +369,32 @@ def test_capture_at_the_first_failure_holds_the_blown_up_output():
     out = cap["output"]
     assert out.abs().max().item() > 500 * run.first_failure.previous
     assert torch.isfinite(out).all()
+
+
+def test_units_dying_after_a_learning_rate_raised_tenfold_are_dated_when_they_began():
+    """SGD with momentum, the learning rate raised 10x at step 100 (0.05 -> 0.5): the
+    third layer's units die, 71% by the sampled step 110 (a warning), and cross the error
+    line (90%) only at step 250. The first failure was dated step 250; it is the layer's
+    dying from step 110, the first sample after the change."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    teacher = torch.randn(32, 8, generator=gen)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(300):
+            x = torch.randn(128, 32, generator=gen)
+            y = (x @ teacher + 0.5 * torch.randn(128, 8, generator=gen)).argmax(1)
+            if step == 100:
+                for group in opt.param_groups:
+                    group["lr"] *= 10
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    ff = run.first_failure
+    assert ff is not None and 100 <= ff.step <= 110, ff
+    assert any(e.kind == "dead_units" and e.severity == "error" and e.step > 200
+               for e in run.events)

@@ -33,16 +33,29 @@ def _rank(e: Event) -> int:
     return 4
 
 
+def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
+    """The warnings that an error went on from, by id: the same condition of the same
+    layer, open until the step the error began (a layer whose dead units crossed the
+    warning line at step 110 and the error line at step 250). The failure began with
+    the warning: after a learning rate raised 10x at step 100, the first failure was
+    dated step 250, when the warning became an error 140 steps after it began."""
+    grew = {(e.kind, e.signal, e.layer, e.step) for e in errors}
+    return {id(w): w for w in events if w.severity == "warning" and w.end is not None
+            and (w.kind, w.signal, w.layer, w.end) in grew}
+
+
 def first_failure(events: list[Event], th: Thresholds) -> Event | None:
     """The event that started the first failure, or None for a healthy run."""
     errors = [e for e in events if e.severity == "error"]
     if not errors:
         return None
-    first = min(e.step for e in errors)
+    began = _escalated(events, errors)
+    first = min(e.step for e in [*errors, *began.values()])
     chain = [e for e in events
              if first - th.lookback <= e.step <= first
-             and (e.severity == "error" or (e.severity == "warning" and e.kind in _STARTERS
-                                             and e.signal != "gradient"))]
+             and (e.severity == "error" or id(e) in began
+                  or (e.severity == "warning" and e.kind in _STARTERS
+                      and e.signal != "gradient"))]
     root_step = min(e.step for e in chain)
     at = [e for e in chain if e.step == root_step]
     best = min(_rank(e) for e in at)
