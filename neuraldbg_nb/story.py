@@ -81,11 +81,24 @@ def _from_gradients(e: Event) -> bool:
     return e.kind in GRADIENT_KINDS or (e.kind == "regime_shift" and e.signal == "gradient")
 
 
+def _lr_moved(events: list[Event], root: Event, lookback: int) -> list[str]:
+    """The learning rate's moves (`lr_change`, info) in the `lookback` steps up to the
+    first failure: a likely cause, said next to it. Units that died after a learning rate
+    raised 10x at step 100 were the first failure at step 110, and nothing said why."""
+    moves = [e for e in events
+             if e.kind == "lr_change" and root.step - lookback <= e.step <= root.step]
+    return [f"the learning rate went {e.previous:.3g} -> {e.value:.3g} at step {e.step}"
+            + (", the same step" if e.step == root.step else
+               f", {root.step - e.step} step{'s' * (root.step - e.step != 1)} before")
+            + ": a likely cause" for e in moves]
+
+
 def tell(run: Run) -> str:
     lines = [headline(run)]
     root = run.first_failure
     if root is not None:
         lines.append(f"  cause: [{root.kind}] step {root.step}, {_where(root)}")
+        lines += [f"  {line}" for line in _lr_moved(run.events, root, run.thresholds.lookback)]
         if run.rank is not None and _from_gradients(root):
             lines.append("  (a distributed run averages the gradients over the ranks: where "
                          "this rank's input and activations were healthy, the failure may "

@@ -398,3 +398,4 @@ def test_units_dying_after_a_learning_rate_raised_tenfold_are_dated_when_they_be
     assert ff is not None and 100 <= ff.step <= 110, ff
     assert any(e.kind == "dead_units" and e.severity == "error" and e.step > 200
                for e in run.events)
+    assert "the learning rate went 0.05 -> 0.5 at step 100" in str(run)  # named beside it
