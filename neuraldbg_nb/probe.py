@@ -268,9 +268,9 @@ class Probe:
         if idx is None:
             c = self._cand[mid]
             own = own_params(c.module)
-            idx = c.index = self.trace.add_layer(c.name, type(c.module).__name__, c.role,
-                                                 bool(own), primary_lr=mid not in self._steps.other_lr,
-                                                 params=sum(p.numel() for p in own))
+            idx = c.index = self.trace.add_layer(
+                c.name, type(c.module).__name__, c.role, bool(own),
+                primary_lr=mid not in self._steps.other_lr, params=sum(p.numel() for p in own))
             self._index[mid] = idx
         return idx
 

@@ -29,6 +29,14 @@ def log_level(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def lagged(a: np.ndarray, k: int) -> np.ndarray:
+    """`a` moved down `k` rows (k >= 1): each row holds the value `k` rows before it, NaN
+    above; what a series read `k` steps earlier."""
+    out = np.full_like(a, np.nan)
+    out[k:] = a[:-k]
+    return out
+
+
 SCALE = 2.0 ** 20
 """Fixed-point scale of log10 values in the window sums (a millionth of a decade)."""
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import log_level, trailing_stats
+from ._baseline import lagged, log_level, trailing_stats
 from ._scan import ERROR, HOLD, INFO, WARNING, Finding, fmt, grade
 
 RECOVER = 10.0
@@ -119,11 +119,8 @@ def converged(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     judged as usual."""
     logs = log_level(trace.scalar("loss", lo, stop)[:, None])
     level, _ = trailing_stats(logs, th.window, th.warmup)
-    then = np.full_like(level, np.nan)
-    if len(level) > th.trend:
-        then[th.trend:] = level[:-th.trend]
     with np.errstate(invalid="ignore"):
-        return (level - then <= -np.log10(CONVERGED))[:, 0]
+        return (level - lagged(level, th.trend) <= -np.log10(CONVERGED))[:, 0]
 
 
 def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:

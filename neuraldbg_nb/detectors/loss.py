@@ -7,7 +7,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import log_level, shift_beyond
+from ._baseline import lagged, log_level, shift_beyond
 from ._scan import ERROR, HOLD, OK, Finding, fmt
 
 
@@ -20,9 +20,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     rising = ~np.isnan(shift)
     up = (logs > base) & (shift >= np.log10(th.loss_rise))
     diverge = np.where(rising, np.where(up, ERROR, OK), HOLD)
-    then = np.full_like(base, np.nan)
-    if len(base) > th.trend:
-        then[th.trend:] = base[:-th.trend]
+    then = lagged(base, th.trend)
     climb = base - then
     trend = np.where(np.isnan(climb), HOLD,
                      np.where(climb >= np.log10(th.loss_rise), ERROR, OK)).astype(np.int8)

@@ -14,17 +14,9 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import WEIGHT_PROBE, Trace
+from ._baseline import lagged
 from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .regime import few
-
-
-def _back(a: np.ndarray, k: int) -> np.ndarray:
-    """`a` moved down `k` rows: each row holds the value of `k` rows before (NaN above).
-    Row t judges the update of step t-1, whose numbers sit in earlier rows."""
-    out = np.full_like(a, np.nan)
-    out[k:] = a[:-k]
-    return out
-
 
 GROWING = 10
 """Updates after one that started from all-zero weights during which the layer's updates
@@ -75,7 +67,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     lr = trace.scalar("lr", lo, stop)
     n = w.shape[0]
     # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
-    after, before, ratio = _back(w, 1), _back(w, 2), _back(upd, 1)
+    after, before, ratio = lagged(w, 1), lagged(w, 2), lagged(upd, 1)
     # the weights were all zeros (or next to nothing: `TINY`) before it (`GROWING`):
     # measured so at a sampled step, or read so from the norms of every step (a warm-up
     # whose first learning rate is 0, or a layer behind another zero-initialised one,
@@ -98,7 +90,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     judged[:, few(trace, "params")] = False
     judged |= blown
     codes = grade(judged, (blown | (change >= th.max_update), ERROR))
-    lr_at, lr_prev = _back(lr, 1), _back(lr, 2)  # learning rate of the update judged at row t
+    lr_at, lr_prev = lagged(lr, 1), lagged(lr, 2)  # learning rate of the update judged at row t
     first = lo
     # the step's lr is the primary optimizer's: not said of layers another one trains
     other_lr = {i.label for i in trace.layers if not i.primary_lr}
@@ -150,9 +142,9 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     # row t judges the update of step t-1 (as above): its size, the gradient it was
     # given and the one before, and the weight norms around the update of step t-2
-    ratio, grad, grad_before = _back(upd, 1), _back(g, 1), _back(g, 2)
-    unmoved = _back(trace.col("update_unmoved", lo, stop).astype(np.float64), 1)
-    w1, w2 = _back(w, 2), _back(w, 3)
+    ratio, grad, grad_before = lagged(upd, 1), lagged(g, 1), lagged(g, 2)
+    unmoved = lagged(trace.col("update_unmoved", lo, stop).astype(np.float64), 1)
+    w1, w2 = lagged(w, 2), lagged(w, 3)
     judged = np.array([i.has_params and i.primary_lr and i.type not in SPARSE_ROWS
                        for i in trace.layers], bool)[None, :]
     with np.errstate(invalid="ignore"):
@@ -174,7 +166,7 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
                     step_offset=-1),
-            _rounded(unmoved, judged & pushed, _back(trace.scalar("lr", lo, stop), 1), lo, th)]
+            _rounded(unmoved, judged & pushed, lagged(trace.scalar("lr", lo, stop), 1), lo, th)]
 
 
 def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,
