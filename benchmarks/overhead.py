@@ -210,6 +210,38 @@ def step_item_norms(b: Bench) -> dict[str, float]:
     return norms
 
 
+def step_gradient_floor(b: Bench) -> list[float]:
+    """The least a gradient watch can cost (the floor of its gradients-only mode): one fused read
+    of every gradient after backward (`torch._foreach_norm`) and one transfer of the
+    norms to the host."""
+    x, y = b.batch()
+    b.opt.zero_grad(set_to_none=True)
+    loss = b.loss_fn(b.model(x), y)
+    loss.backward()
+    grads = [p.grad for p in b.model.parameters() if p.grad is not None]
+    norms = torch.stack(torch._foreach_norm(grads)).tolist()
+    b.opt.step()
+    return norms
+
+
+def _nothing(module: nn.Module, args: tuple, output: object) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def empty_hooks(b: Bench) -> Iterator[None]:
+    """A forward hook that does nothing on every leaf module (every layer the watch
+    hooks, and the activations): what PyTorch charges for calling hooks at all (a module
+    with hooks leaves its fast path), before any statistics are taken."""
+    handles = [m.register_forward_hook(_nothing) for m in b.model.modules()
+               if next(m.children(), None) is None]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _watch_params() -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(neuraldbg_nb.watch).parameters)
 
@@ -287,6 +319,9 @@ def configs() -> tuple[list[Config], list[str]]:
         Config("budget", "neuraldbg overhead=0.02 (adaptive)", step,
                watch_kwargs={"overhead": 0.02}),
         Config("sample1", "neuraldbg sample_every=1", step, watch_kwargs=every_step_kwargs()),
+        Config("floor", "floor: one fused gradient read", step_gradient_floor),
+        Config("floor_hooks", "floor: gradient read + empty layer hooks", step_gradient_floor,
+               context=empty_hooks),
         Config("item", "ref: per-param .item() grad norms", step_item_norms),
         Config("anomaly", "ref: torch.autograd.detect_anomaly()", step, context=anomaly),
     ], notes

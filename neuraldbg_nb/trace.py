@@ -10,6 +10,7 @@ loses one; it only coarsens the healthy history behind them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,7 @@ class Trace:
         self._h_layer = {c: self._blank(0, 0) for c in LAYER_COLUMNS}
         self._h_step = {c: np.zeros(0) for c in STEP_COLUMNS}
         self._first_grad = np.zeros(0, np.float32)
+        self._first_loss = math.nan
         self._version = 0
 
     @staticmethod
@@ -172,6 +174,12 @@ class Trace:
         return self._first_grad
 
     @property
+    def first_loss(self) -> float:
+        """The run's first finite loss: where it started, kept when the steps around it
+        are compacted (`detectors.loss`)."""
+        return self._first_loss
+
+    @property
     def version(self) -> int:
         """Counts the changes to the recorded numbers (a step appended or filled in late, a
         layer added, a compaction): what is derived from the trace at one version holds
@@ -191,6 +199,8 @@ class Trace:
             self._first_grad[: len(g)] = g
         for name, x in scalars.items():
             self._step_cols[name][r] = x
+        if math.isnan(self._first_loss) and math.isfinite(scalars.get("loss", math.nan)):
+            self._first_loss = float(scalars["loss"])
         self._rows += 1
         self._version += 1
         return self._off + r
@@ -370,7 +380,7 @@ class Trace:
                           str(i.params), str(i.outputs)] for i in self.layers],
                         dtype=str).reshape(-1, 7)
         arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]),
-                      first_grad_norm=self._first_grad)
+                      first_grad_norm=self._first_grad, first_loss=np.array([self._first_loss]))
         np.savez_compressed(path, allow_pickle=False, **arrays)
 
     @classmethod
@@ -404,4 +414,9 @@ class Trace:
                 t._first_grad[:] = z["first_grad_norm"]
             elif t._off == 0 and n:  # an older file: its first step is still exact
                 t._first_grad[:] = t._layer_cols["grad_norm"][0]
+            if "first_loss" in z:
+                t._first_loss = float(z["first_loss"][0])
+            elif t._off == 0:  # an older file whose first steps are still exact
+                finite = t._step_cols["loss"][:n][np.isfinite(t._step_cols["loss"][:n])]
+                t._first_loss = float(finite[0]) if len(finite) else math.nan
         return t

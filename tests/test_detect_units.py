@@ -279,6 +279,15 @@ def test_a_failure_that_grew_from_a_warning_is_dated_from_the_warning():
         ("r", 20, "warning"), ("s", 25, "warning"), ("r", 40, "error")]
     root = first_failure(events, ndbg.Thresholds())
     assert (root.layer, root.step, root.severity) == ("r", 20, "warning")
+    # the error says what the units were as the warning (71%), not when healthy (10%)
+    grew = of(events, "dead_units", "r")[1]
+    assert grew.previous == pytest.approx(0.71) and "was 71%" in grew.message
+    for chunk in (1, 7):  # and a live scan, in chunks, says the same
+        cols = {"dead_frac": d, "param_norm": np.ones((N, 2)),
+                "update_ratio": np.full((N, 2), 1e-3)}
+        _, det, _ = _live([("r", "relu"), ("s", "relu")], cols, {"loss": np.ones(N)},
+                          chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
 def test_dead_units_just_below_the_threshold_neither_start_nor_end_a_condition():
@@ -797,6 +806,33 @@ def test_gradients_that_vanish_as_the_loss_falls_to_an_exact_fit_are_not_vanishi
         assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 300])
+def test_a_risen_loss_is_an_error_near_where_it_started_and_a_jump_is_not_a_climb(chunk):
+    # from 1.0 the loss falls to 1e-3 by step 100; at step 150 it jumps 40x (still 27x
+    # below its first value: a warning) and hovers; a second run's jumps 400x (0.4: an
+    # error) and is not also a climb over 200 steps; a third climbs 10x every 60 steps
+    # from step 150 on (a warning, an error from a tenth of where it started)
+    n = 400
+    fall = np.concatenate([10 ** (-np.arange(100) / 33.3), np.full(n - 100, 1e-3)])
+    runs = {"harder": fall.copy(), "diverged": fall.copy(), "climbs": fall.copy()}
+    runs["harder"][150:] *= 40
+    runs["diverged"][150:] *= 400
+    runs["climbs"][150:] *= 10 ** (np.arange(n - 150) / 60)
+    cols = {"grad_norm": noisy(1e-2, n=n), "param_norm": np.ones((n, 1)),
+            "update_ratio": noisy(1e-3, n=n)}
+    found = {}
+    for name, loss in runs.items():
+        scalars = {"loss": loss * noisy(1.0, n=n, seed=3)[:, 0]}
+        _, events = detect(build([("a", "other")], cols, scalars, n=n))
+        found[name] = [(e.signal, e.severity) for e in of(events, "loss_divergence")]
+        _, det, _ = _live([("a", "other")], cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+        if name == "harder":
+            assert events[0].message.endswith("; still 27x below its first value 1.11")
+    assert found == {"harder": [("loss", "warning")], "diverged": [("loss", "error")],
+                     "climbs": [("loss_trend", "warning"), ("loss_trend", "error")]}
+
+
 def test_a_learning_rate_moved_by_about_the_jump_factor_is_a_change():
     # StepLR(gamma=0.1) from 0.05: 0.05 * 0.1 is 0.005000000000000001, a factor of 10 that
     # reads 0.9999999999999999 decades; the first decay went unreported. A base rate
@@ -866,21 +902,26 @@ def test_gradients_that_start_above_the_exploding_line_move_it(chunk):
         (1, "a", "error")]
 
 
-def test_the_first_steps_gradient_norms_survive_compaction_and_files(tmp_path):
+def test_the_first_steps_gradient_norms_and_loss_survive_compaction_and_files(tmp_path):
     g = noisy(3e3, cols=2)
     g[0] = [1.8e3, 600.0]
-    trace = build([("a", "other"), ("b", "other")], {"grad_norm": g})
+    loss = np.linspace(3.0, 0.1, N)
+    loss[0] = np.nan  # the first finite loss is the run's first
+    trace = build([("a", "other"), ("b", "other")], {"grad_norm": g}, {"loss": loss})
     trace.compact(40)
     assert list(trace.first_grad_norm) == [1.8e3, 600.0]
+    assert trace.first_loss == loss[1]
     trace.save(tmp_path / "t.npz")
     assert list(Trace.load(tmp_path / "t.npz").first_grad_norm) == [1.8e3, 600.0]
-    # a file saved before they were: read from its first step where it is still exact
-    fresh = build([("a", "other"), ("b", "other")], {"grad_norm": g})
+    assert Trace.load(tmp_path / "t.npz").first_loss == loss[1]
+    # a file saved before they were: read from its first steps where they are still exact
+    fresh = build([("a", "other"), ("b", "other")], {"grad_norm": g}, {"loss": loss})
     fresh.save(tmp_path / "old.npz")
     with np.load(tmp_path / "old.npz") as z:
-        arrays = {k: z[k] for k in z.files if k != "first_grad_norm"}
+        arrays = {k: z[k] for k in z.files if k not in ("first_grad_norm", "first_loss")}
     np.savez_compressed(tmp_path / "old.npz", **arrays)
     assert list(Trace.load(tmp_path / "old.npz").first_grad_norm) == [1.8e3, 600.0]
+    assert Trace.load(tmp_path / "old.npz").first_loss == loss[1]
 
 
 @pytest.mark.parametrize("chunk", [1, 7, N])

@@ -638,3 +638,32 @@ def test_heavy_tailed_raw_features_under_a_batchnorm_are_not_a_data_error():
         [], [("data_anomaly", "input_scale", "warning")]), [str(e) for e in loud]
     assert run.first_failure is None
     assert losses[-1] < losses[0]
+
+
+def test_a_curriculum_that_makes_the_inputs_harder_is_not_a_divergence():
+    """A classifier's inputs turned 5x noisier at step 150 (a curriculum): its loss went
+    0.0009 -> 0.04 in one step, two errors (a jump, then a climb over 200 steps measured
+    from before the switch), and `stop_on="error"` would have stopped a training that was
+    fine. The loss is still 55x below where it started: a warning at most, and the jump
+    is not also a climb."""
+    gen = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    proto = torch.randn(10, 64, generator=gen) * 0.3
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                          nn.Linear(256, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(400):
+            y = torch.randint(0, 10, (64,), generator=gen)
+            x = proto[y] + (0.1 if step < 150 else 0.5) * torch.randn(64, 64, generator=gen)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    loud = [e for e in run.events if e.severity != "info"]
+    assert [(e.kind, e.signal, e.severity, e.step) for e in loud] in (
+        [], [("loss_divergence", "loss", "warning", 150)]), [str(e) for e in loud]
+    assert run.first_failure is None
+    assert losses[-1] < 0.05 * losses[0]

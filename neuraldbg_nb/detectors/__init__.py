@@ -28,7 +28,7 @@ def _recent(th: Thresholds) -> int:
 
 
 def _trend(th: Thresholds) -> int:
-    return th.trend + th.window + 2
+    return th.trend + 2 * th.window + 2  # a level `trend` back, jumps a window before it
 
 
 DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (

@@ -183,7 +183,7 @@ def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarra
             carry.seen[j] = seen
             carry.start_value[j] = own[a]
             carry.start_previous[j] = (previous[a, j] if previous is not None
-                                       else carry.last_ok[j])
+                                       else _before(events, carry, j))
         level = int(carry.level[j])
         held = carry.length[j] if f.hold_counts else carry.seen[j]
         if k > level and held >= f.patience:
@@ -207,6 +207,15 @@ def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarra
                 a + int(last_ok_rows(codes[a:b], values[a:b], np.array([j]))[0])
             if last >= a:
                 carry.last_ok[j] = own[last]
+
+
+def _before(events: list[Event], carry: Carry, j: int) -> float:
+    """What a new condition of column j was before it: the last healthy value, or, where
+    it goes on from a milder one still open (a warning becoming an error), the value
+    that one was reported with. Units 55% dead from step 110 and 80% from step 250 read
+    "80% ... from step 250, was 0%" with the healthy value, as if they had died at once."""
+    i = int(carry.open[j])
+    return events[i].value if i >= 0 and carry.level[j] > OK else float(carry.last_ok[j])
 
 
 def _close(events: list[Event], carry: Carry, j: int, at: int) -> None:
