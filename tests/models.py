@@ -95,7 +95,7 @@ def cnn(seed: int = 0, *, lr: float = 0.05, adam: bool = False, label_noise: flo
     opt = (lambda m: torch.optim.Adam(m.parameters(), lr=lr / 10)) if adam else \
         (lambda m: torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9))
     return Setup("cnn", model, _batcher(x, y, 32, seed), F.cross_entropy, opt,
-                 {"first": "0", "mid": "3", "head": "8"})
+                 {"first": "0", "mid": "3", "norm": "4", "head": "8"})
 
 
 # -- RNN --------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def transformer(seed: int = 0, *, lr: float = 2e-3, label_noise: float = 0.0) ->
                  lambda m: torch.optim.Adam(m.parameters(), lr=lr),
                  {"first": "emb", "mid": "encoder.layers.0.linear1",
                   "bias": "encoder.layers.0.linear2", "nan": "encoder.layers.1.linear1",
-                  "head": "head"},
+                  "norm": "encoder.layers.1.norm1", "head": "head"},
                  float_input=False)
 
 

@@ -29,12 +29,13 @@ from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
 N = 60
 
 
-def build(layers: list[tuple[str, str]], cols: dict[str, np.ndarray],
+def build(layers: list[tuple], cols: dict[str, np.ndarray],
           scalars: dict[str, np.ndarray] | None = None, n: int = N) -> Trace:
-    """A trace of n steps; cols are (n, layers) arrays, scalars (n,) arrays."""
+    """A trace of n steps; cols are (n, layers) arrays, scalars (n,) arrays. Layers are
+    (name, role), or (name, role, has_params) for one without parameters of its own."""
     t = Trace()
-    for name, role in layers:
-        t.add_layer(name, "Linear", role, True)
+    for name, role, *owned in layers:
+        t.add_layer(name, "Linear", role, owned[0] if owned else True)
     for s in range(n):
         t.append({c: np.asarray(v[s], np.float32) for c, v in cols.items()},
                  {c: float(v[s]) for c, v in (scalars or {}).items()})
@@ -169,6 +170,32 @@ def test_nonfinite_is_never_a_recovery():
     dense = states.dense()
     assert (dense[30:, 0] == 3).all() and (dense[:30, 0] == 1).all()
     assert (dense[35:, 1] == 3).all()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_layer_whose_output_becomes_exactly_zero_is_a_collapse(chunk):
+    # "ln" (a LayerNorm whose weight and bias were zeroed) outputs 0 from step 30, after
+    # a step it was not called (NaN); "relu", without parameters, outputs 0 at steps 20-25
+    # (all its units off: dead units are judged apart); "lora_b" is 0 until step 12, as
+    # a zero-initialised layer is; "gone" is 0 from step 40 after 25 steps unmeasured
+    a = noisy(4.0, cols=4)
+    a[30:, 0] = 0.0
+    a[29, 0] = np.nan
+    a[20:26, 1] = 0.0
+    a[:12, 2] = 0.0
+    a[15:40, 3] = np.nan
+    a[40:, 3] = 0.0
+    layers = [("ln", "other"), ("relu", "relu", False), ("lora_b", "other"), ("gone", "other")]
+    cols = {"act_absmax": a, "param_norm": np.ones((N, 4)), "update_ratio": noisy(1e-3, cols=4)}
+    _, events = detect(build(layers, cols))
+    loud = [(e.layer, e.step, e.severity) for e in events if e.severity != "info"]
+    assert loud == [("ln", 30, "error")]
+    zero = of(events, "regime_shift", "ln")[0]
+    assert zero.message == f"ln (Linear): activations (abs-max) became exactly 0 at step 30 " \
+                           f"(was {a[28, 0]:.3g})"
+    assert zero.end is None
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
 def test_nan_in_the_trace_means_not_measured_not_healthy():
@@ -456,8 +483,8 @@ def _live(layers, cols, scalars, chunk: int = 1, th=None):
     late = ("param_norm", "update_ratio")
     n = len(scalars["loss"])
     t = Trace()
-    for name, role in layers:
-        t.add_layer(name, "Linear", role, True)
+    for name, role, *owned in layers:
+        t.add_layer(name, "Linear", role, owned[0] if owned else True)
     det = Detection(th or ndbg.Thresholds())
     streamed = []
     for s in range(n):

@@ -48,6 +48,17 @@ def nan_weight(setup: Setup, layer: str) -> dict:
     return {"on_step_start": hit}
 
 
+def zeroed(setup: Setup, layer: str) -> dict:
+    """A normalisation layer's weight and bias zeroed (a bad checkpoint merge): it outputs
+    exactly 0, which the log-scale baseline cannot see (`regime.zeroed`)."""
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).zero_()
+                bias_of(model, layer).zero_()
+    return {"on_step_start": hit}
+
+
 def nan_input(setup: Setup, layer: str | None) -> dict:
     def hit(step, x):
         if step == S:
@@ -107,6 +118,7 @@ CASES: list[tuple[str, Fault, str | None, str | None, str | None]] = [
     ("cnn", weight_x1000, "mid", "mid", "regime_shift"),
     ("cnn", bias_1e4, "mid", "mid", "regime_shift"),   # conv bias before BatchNorm
     ("cnn", nan_weight, "mid", "mid", "nonfinite_activation"),
+    ("cnn", zeroed, "norm", "norm", "regime_shift"),
     ("cnn", nan_input, None, None, "data_anomaly"),
     ("cnn", input_x1e4, None, None, "data_anomaly"),
     ("cnn", lr_x1e4, None, "first", "exploding_update"),
@@ -123,6 +135,7 @@ CASES: list[tuple[str, Fault, str | None, str | None, str | None]] = [
     ("transformer", weight_x1000, "mid", "mid", "regime_shift"),
     ("transformer", bias_1e4, "bias", "bias", "regime_shift"),
     ("transformer", nan_weight, "nan", "nan", "nonfinite_activation"),
+    ("transformer", zeroed, "norm", "norm", "regime_shift"),
     ("transformer", lr_x1e4, None, "first", "exploding_update"),
     ("transformer", loss_inf, None, None, "loss_nonfinite"),
 ]

@@ -87,11 +87,31 @@ def baseline_settings(th: Thresholds) -> tuple[int, int, float, bool]:
     return th.window, th.warmup, th.noise, th.jump <= 1
 
 
+def zeroed(trace: Trace, act: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where a layer with parameters of its own outputs exactly 0 within `window` steps of
+    a nonzero output, and that output's abs-max: (mask, was). A LayerNorm whose weight and
+    bias were zeroed at step 150 read 4.77 -> 0, which a baseline in log space cannot see
+    (log 0); the next layer, fed its zeros, was blamed at step 150, the LayerNorm at 151.
+    Layers without parameters (a ReLU all of whose units are off, a drop-path that drops a
+    whole batch) output zeros in healthy training; dead units are judged apart. The
+    look-back is bounded so that a live scan, which reads `window` steps before its
+    chunk, finds the same."""
+    rows = np.arange(len(act))[:, None]
+    seen = np.isfinite(act) & (act > 0)
+    last = np.maximum.accumulate(np.where(seen, rows, -1), axis=0)
+    owned = np.array([i.has_params for i in trace.layers], bool)[None, :]
+    mask = (act == 0) & owned & (last >= 0) & (rows - last <= window)
+    was = np.take_along_axis(act, np.maximum(last, 0), axis=0)
+    return mask, was
+
+
 def describe(what: str) -> Message:
     """The sentence of a jump or a collapse of `what`."""
     def message(n: str, s: int, v: float, p: float, sev: str) -> str:
-        factor = v / p if p > 0 else float("inf")
         who = f"{n}: {what}" if n else what
+        if v == 0:
+            return f"{who} became exactly 0 at step {s} (was {fmt(p)})"
+        factor = v / p if p > 0 else float("inf")
         if factor >= 1:
             return f"{who} jumped {factor:.0f}x at step {s} ({fmt(p)} -> {fmt(v)})"
         return f"{who} collapsed {1 / factor:.0f}x at step {s} ({fmt(p)} -> {fmt(v)})"
@@ -113,6 +133,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
                              lambda: find_jumps(values, *settings))
 
     act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
+    zero, was = zeroed(trace, act, th.window)
+    act_codes[zero] = ERROR
+    act_base[zero] = was[zero]
     grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
     grad_codes[:, few(trace, "params")] = HOLD
     rows = np.flatnonzero(converging(trace, lo, stop, th))
