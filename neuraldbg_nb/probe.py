@@ -61,6 +61,11 @@ class StepRecord:
 
 
 _is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
+_transformed = torch._C._are_functorch_transforms_active
+"""Inside `torch.func` transforms (`vmap`, `grad`, `jvp`: per-sample gradients, Jacobians)
+the tensors a hook sees are wrapped: reading one on the host (`.item()`) or copying into
+it raises, and the watch stopped at the first such call. Calls made there are left out
+(`transformed_seen`), as compiled ones are."""
 _grad_enabled = torch.is_grad_enabled
 """A model called with gradients off (`torch.no_grad()`, `torch.inference_mode()`) trains
 nothing: an evaluation pass inside the training loop, a frozen teacher making targets.
@@ -148,6 +153,7 @@ class Probe:
         self._root_depth = 0
         self._eval_call = False  # the model's call in progress began with gradients off
         self.compiled_seen = False
+        self.transformed_seen = False
         self.eval_seen = False  # a forward with gradients off was left out
         self.activations_seen = False  # a training forward's activation was recorded
         self.manual_steps = False
@@ -280,6 +286,9 @@ class Probe:
         if _is_compiling():
             self.compiled_seen = True
             return
+        if _transformed():
+            self.transformed_seen = True
+            return
         mid = id(module)
         if not _grad_enabled():  # a model seen only in evaluation is not discovered
             self.eval_seen = True
@@ -296,8 +305,11 @@ class Probe:
     @_guarded
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self._root_depth == 0:
-            self._eval_call = not _grad_enabled()
-            if self._eval_call:
+            transformed = _transformed()
+            self._eval_call = transformed or not _grad_enabled()
+            if transformed:  # (`_transformed`)
+                self.transformed_seen = True
+            elif self._eval_call:
                 self.eval_seen = True
             else:
                 t0 = _clock()
@@ -327,6 +339,9 @@ class Probe:
         its own returning its last layer's output, an identity)."""
         if _is_compiling():
             self.compiled_seen = True
+            return
+        if _transformed():
+            self.transformed_seen = True
             return
         if self._eval_call or (not self._root_depth and not _grad_enabled()):
             self.eval_seen = True  # an evaluation (see `_grad_enabled`)

@@ -135,6 +135,10 @@ class Watch:
             run.notes.append("parts of the model ran under torch.compile: their activations "
                              "are not watched (hooks do not run inside compiled graphs); "
                              "gradients, weights, the loss and the input batch are.")
+        if self._probe.transformed_seen and not any("torch.func" in n for n in run.notes):
+            run.notes.append("parts of the model ran under torch.func transforms (vmap, grad, "
+                             "jvp): their activations and input batches are not watched; "
+                             "the gradients and weights at each optimizer step are.")
         probe = self._probe
         if probe.eval_seen and self._activations and not probe.activations_seen \
                 and EVAL_ONLY_NOTE not in run.notes:

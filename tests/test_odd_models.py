@@ -1284,3 +1284,49 @@ def test_unknown_threshold_names_get_a_spelling_hint():
     with pytest.raises(TypeError, match="Did you mean 'window'"):
         run.reclassify(windw=5)
     assert leftover_global_hooks() == []
+
+
+def test_torch_func_transforms_of_the_model_are_left_out_not_a_crash():
+    """Per-sample gradients (DP-SGD: `vmap(grad(functional_call(model)))`) and a Jacobian
+    penalty (`torch.func.jacrev` of the model inside a normal training step): under the
+    transforms the hooks see wrapped tensors, where reading one on the host raised and
+    the watch stopped at step 0. Those calls are left out and said so; the plain forward
+    of the same step is recorded, and a fault in it is still found."""
+    from torch.func import functional_call, grad, jacrev, vmap
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 20, generator=gen), torch.randint(0, 2, (64,), generator=gen)
+
+    def sample_loss(p, xi, yi):
+        return F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+
+    per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(15):  # DP-SGD: the gradients are set by hand
+            params = {k: v.detach() for k, v in model.named_parameters()}
+            g = per_sample(params, x, y)
+            for k, p in model.named_parameters():
+                p.grad = g[k].mean(0)
+            opt.step()
+    assert run.status == "finished" and run.trace.n_steps == 15
+    assert not any("stopped" in n for n in run.notes), run.notes
+    assert any("torch.func" in n for n in run.notes), run.notes
+    assert np.isfinite(run.trace.col("grad_norm")).all()
+
+    with ndbg.watch(model, report=False) as run:
+        for step in range(40):  # a Jacobian penalty beside the loss; a fault at step 30
+            if step == 30:
+                with torch.no_grad():
+                    model[2].weight.mul_(1000.0)
+            opt.zero_grad()
+            jac = jacrev(lambda v: model(v[None])[0])(x[0])
+            loss = F.cross_entropy(model(x), y) + 1e-3 * jac.pow(2).sum()
+            loss.backward()
+            opt.step()
+    assert run.status == "finished" and not any("stopped" in n for n in run.notes)
+    assert np.isfinite(run.trace.col("act_absmax")).all()
+    ff = run.first_failure
+    assert ff is not None and (ff.layer, ff.step) == ("2", 30), ff
