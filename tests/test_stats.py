@@ -337,16 +337,32 @@ def test_the_input_fingerprint_weighs_by_position_with_a_bounded_ramp() -> None:
     as an image batch is held, on an accelerator least of all."""
     ramps = batch_summary.Ramps()
     n = 2 * batch_summary.RAMP_MAX + 5
+    w = batch_summary._scattered(batch_summary.RAMP_MAX).float()
     sums = []
     for hot in (10, 11, batch_summary.RAMP_MAX + 12, n - 1):
         x = torch.zeros(n)
         x[hot] = 1.0
         sums.append(float(batch_summary._weighed(x, ramps)))
-    assert sums == [10.0, 11.0, 12.0, float((n - 1) % batch_summary.RAMP_MAX)]
+    assert sums == [float(w[i]) for i in (10, 11, 12, (n - 1) % batch_summary.RAMP_MAX)]
+    assert len(set(sums[:2])) == 2
     assert all(r.numel() <= batch_summary.RAMP_MAX for r in ramps._kept.values())
-    small = torch.randn(300).to(torch.bfloat16)  # weighed in float32: exact positions
+    small = torch.randn(300).to(torch.bfloat16)  # weighed in float32: exact weights
     one_hot = torch.zeros(300, dtype=torch.bfloat16)
     one_hot[299] = 1
-    assert float(batch_summary._weighed(one_hot, ramps)) == 299.0
+    assert float(batch_summary._weighed(one_hot, ramps)) == float(w[299])
     assert float(batch_summary._weighed(small, ramps)) == pytest.approx(
-        float((small.float() * torch.arange(300.0)).sum()), rel=1e-5)
+        float((small.float() * w[:300]).sum()), rel=1e-5)
+
+
+def test_the_input_fingerprints_weights_have_no_pattern_that_cancels() -> None:
+    """Batches of 16 one-hot rows of 6 states: every pair of distinct batches of 2,000 has
+    its own weighted sum. With weights i (or frac(i x golden ratio)) two batches whose
+    states add up alike (or differ alike) had the same one."""
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randint(0, 6, (2000, 16), generator=gen)
+    ramps = batch_summary.Ramps()
+    prints = {}
+    for s in states:
+        x = torch.nn.functional.one_hot(s, 6).float().view(-1)
+        prints.setdefault(float(batch_summary._weighed(x, ramps)), set()).add(tuple(s.tolist()))
+    assert all(len(batches) == 1 for batches in prints.values())
