@@ -142,3 +142,14 @@ def first_tensor(obj: object, floating: bool = True) -> torch.Tensor | None:
             if found is not None:
                 return found
     return None
+
+
+def tensors_in(obj: object) -> list[torch.Tensor]:
+    """Every tensor in a module's output (tensor, tuple, list, dict, nested), in order."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (tuple, list)):
+        return [t for item in obj for t in tensors_in(item)]
+    return []

@@ -38,6 +38,7 @@ from .layers import (
     own_named_params,
     own_params,
     role_of,
+    tensors_in,
 )
 from .sampler import Sampler
 from .selfcost import SelfCost
@@ -414,17 +415,20 @@ class Probe:
         by design. It was a warning on healthy binary classifiers. Its role becomes
         "other" (the detectors read roles from the trace), from the first call on. The
         model may return it reshaped (`.squeeze(1)`, `.view(-1, 1, 28, 28)`): a view of all
-        of its values is its output too."""
+        of its values is its output too; and beside other outputs (a detector's `(boxes,
+        objectness)`, a model returning `(features, probability)`)."""
         ref, c = self._last[0], self._last_c
         if c is None or c.role != "bounded" or ref is None:
             return
-        out = output if type(output) is torch.Tensor else first_tensor(output)
         last = ref()
-        if out is not None and last is not None and (out is last or (
-                out.numel() == last.numel() and _storage_at(out) == _storage_at(last) != 0
-                and out.storage_offset() == last.storage_offset())):
-            c.role, c.bounds = "other", None
-            self.trace.update_layer(c.index, role="other")  # numbered by its hook
+        if last is None:
+            return
+        for out in [output] if type(output) is torch.Tensor else tensors_in(output):
+            if out is last or (out.numel() == last.numel() and out.storage_offset() ==
+                               last.storage_offset() and _storage_at(out) == _storage_at(last) != 0):
+                c.role, c.bounds = "other", None
+                self.trace.update_layer(c.index, role="other")  # numbered by its hook
+                return
 
     def _known(self, t: torch.Tensor, bumps: int) -> tuple[Any, Any] | None:
         """(min, max) of `t` (floats on the host, else device tensors) where it is the

@@ -136,29 +136,42 @@ def test_a_confident_classifiers_output_sigmoid_is_not_saturated():
     assert run.trace.layers[1].role == "bounded"
 
 
-class _Squeezed(nn.Module):
-    def __init__(self, net: nn.Module) -> None:
+class _Returned(nn.Module):
+    """The classifier's probabilities returned as users do: squeezed to shape (batch,), or
+    after the hidden features in a tuple or a dict."""
+
+    def __init__(self, net: nn.Module, how: str) -> None:
         super().__init__()
-        self.net = net
+        self.net, self.how = net, how
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(1)
+    def forward(self, x: torch.Tensor) -> object:
+        if self.how == "squeezed":
+            return self.net(x).squeeze(1)
+        h = self.net[:2](x)
+        p = self.net[2:](h).squeeze(1)
+        return (h, p) if self.how == "tuple" else {"features": h, "probability": p}
 
 
-def test_a_classifiers_output_sigmoid_returned_reshaped_is_not_saturated():
-    """The same classifier returning its probabilities squeezed to shape (batch,): the
-    model's output is then a view of the sigmoid's, not the same tensor, and it was a
-    saturation warning."""
+def _probability(out: object) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else (
+        out[1] if isinstance(out, tuple) else out["probability"])
+
+
+@pytest.mark.parametrize("how", ["squeezed", "tuple", "dict"])
+def test_a_classifiers_output_sigmoid_returned_reshaped_or_beside_features_is_not_saturated(how):
+    """The same classifier returning its probabilities squeezed (a view of the sigmoid's
+    output, not the same tensor), or second in a tuple or a dict (a detector's `(boxes,
+    objectness)`): each was a saturation warning."""
     net, x, y = _binary(nn.ReLU())
-    model = _Squeezed(net)
+    model = _Returned(net, how)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     with ndbg.watch(model, report=False) as run:
         for step in range(400):
             i = (step * 64) % len(x)
             opt.zero_grad()
-            F.binary_cross_entropy(model(x[i:i + 64]), y[i:i + 64, 0]).backward()
+            F.binary_cross_entropy(_probability(model(x[i:i + 64])), y[i:i + 64, 0]).backward()
             opt.step()
-    assert ((model(x) > 0.5).float() == y[:, 0]).float().mean() > 0.97, "it learned"
+    assert ((_probability(model(x)) > 0.5).float() == y[:, 0]).float().mean() > 0.97
     assert not [str(e) for e in run.events if e.severity != "info"]
     assert run.trace.layers[run.trace.layer_names.index("net.3")].role == "other"
 
