@@ -8,10 +8,15 @@ layer with the largest gradient norm; vanishing: the deepest saturated layer, wh
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
 deepest layer, where backward starts). The loss comes before the update because a step
 computes it first: a loss that is infinite at a step makes that step's update
-non-finite, and an update's effect on the loss shows only at the next step.
+non-finite, and an update's effect on the loss shows only at the next step. A non-finite
+update of a layer whose gradient was non-finite at that step only carried the gradient
+into the weights: it counts as the gradient (`_ranker`).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 from ..events import Event
 from ..thresholds import Thresholds
@@ -31,6 +36,21 @@ def _rank(e: Event) -> int:
     if e.kind == "exploding_update":
         return 3
     return 4
+
+
+def _ranker(at: list[Event]) -> Callable[[Event], int]:
+    """`_rank`, except that a non-finite update of a layer whose gradient was non-finite
+    at the same step ranks with the gradients: the update only carried the gradient into
+    the weights. A sqrt whose backward met 0 made NaN gradients at step 153, and the
+    first failure read "weights became non-finite during step 153 (learning rate
+    0.001)", as if the learning rate were to blame."""
+    carried = {e.layer for e in at if e.kind == "nonfinite_gradient"}
+
+    def rank(e: Event) -> int:
+        if e.kind == "exploding_update" and e.layer in carried and not math.isfinite(e.value):
+            return 4
+        return _rank(e)
+    return rank
 
 
 def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
@@ -58,8 +78,9 @@ def first_failure(events: list[Event], th: Thresholds) -> Event | None:
                       and e.signal != "gradient"))]
     root_step = min(e.step for e in chain)
     at = [e for e in chain if e.step == root_step]
-    best = min(_rank(e) for e in at)
-    tied = [e for e in at if _rank(e) == best]
+    rank = _ranker(at)
+    best = min(rank(e) for e in at)
+    tied = [e for e in at if rank(e) == best]
     if best < 4:
         return min(tied, key=lambda e: (e.order, e.kind))
     kinds = {e.kind for e in tied}
