@@ -32,10 +32,12 @@ N = 60
 def build(layers: list[tuple], cols: dict[str, np.ndarray],
           scalars: dict[str, np.ndarray] | None = None, n: int = N) -> Trace:
     """A trace of n steps; cols are (n, layers) arrays, scalars (n,) arrays. Layers are
-    (name, role), or (name, role, has_params) for one without parameters of its own."""
+    (name, role), or (name, role, has_params) for one without parameters of its own, or
+    (name, role, has_params, params) with the number of its own parameters."""
     t = Trace()
     for name, role, *owned in layers:
-        t.add_layer(name, "Linear", role, owned[0] if owned else True)
+        t.add_layer(name, "Linear", role, owned[0] if owned else True,
+                    params=owned[1] if owned[1:] else -1)
     for s in range(n):
         t.append({c: np.asarray(v[s], np.float32) for c, v in cols.items()},
                  {c: float(v[s]) for c, v in (scalars or {}).items()})
@@ -484,7 +486,8 @@ def _live(layers, cols, scalars, chunk: int = 1, th=None):
     n = len(scalars["loss"])
     t = Trace()
     for name, role, *owned in layers:
-        t.add_layer(name, "Linear", role, owned[0] if owned else True)
+        t.add_layer(name, "Linear", role, owned[0] if owned else True,
+                    params=owned[1] if owned[1:] else -1)
     det = Detection(th or ndbg.Thresholds())
     streamed = []
     for s in range(n):
@@ -858,6 +861,34 @@ def test_a_risen_loss_is_an_error_near_where_it_started_and_a_jump_is_not_a_clim
             assert events[0].message.endswith("; still 27x below its first value 1.11")
     assert found == {"harder": [("loss", "warning")], "diverged": [("loss", "error")],
                      "climbs": [("loss_trend", "warning"), ("loss_trend", "error")]}
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_first_update_the_size_of_the_learning_rate_on_small_weights_is_a_warning(chunk):
+    # prompt tuning: 512 weights of RMS 0.02 (norm 0.45), Adam at lr 0.03 moves each by
+    # 0.03, 1.54x their size (norm after: 0.78); at lr 0.003 the same update is 10x what
+    # the learning rate moves (an error); an update of 15x is an error whatever its lr;
+    # so is one of 1.54x at step 30, past the run's start
+    w = np.concatenate([[0.78], 0.78 * 1.001 ** np.arange(1, N)])[:, None]
+    found = {}
+    for name, lr, ratio, at in (("prompt", 0.03, 1.544, 0), ("slow", 0.003, 1.544, 0),
+                                ("huge", 0.03, 15.0, 0), ("late", 0.03, 1.544, 30)):
+        upd = np.full((N, 1), np.nan)
+        upd[::5] = 1e-3
+        upd[at] = ratio
+        norms = w.copy()
+        norms[at:] *= 1.0 if at == 0 else 2.5
+        layers = [(name, "other", True, 512)]
+        cols = {"param_norm": norms, "update_ratio": upd, "grad_norm": noisy(1e-2)}
+        scalars = {"loss": np.ones(N), "lr": np.full(N, lr)}
+        _, events = detect(build(layers, cols, scalars))
+        found[name] = [(e.step, e.severity) for e in of(events, "exploding_update")]
+        _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+        if name == "prompt":
+            assert "each moved by about the learning rate (0.03)" in events[0].message
+    assert found == {"prompt": [(0, "warning")], "slow": [(0, "error")],
+                     "huge": [(0, "error")], "late": [(30, "error")]}
 
 
 def test_a_learning_rate_moved_by_about_the_jump_factor_is_a_change():

@@ -680,3 +680,50 @@ def test_a_curriculum_that_makes_the_inputs_harder_is_not_a_divergence():
         [], [("loss_divergence", "loss", "warning", 150)]), [str(e) for e in loud]
     assert run.first_failure is None
     assert losses[-1] < 0.05 * losses[0]
+
+
+class _PromptLM(nn.Module):
+    """A frozen model behind a trainable prompt initialised from its word embeddings."""
+
+    def __init__(self, gen: torch.Generator) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 64)
+        nn.init.normal_(self.emb.weight, std=0.02)  # GPT-2's initialisation
+        rows = torch.randint(0, 50, (8,), generator=gen)
+        self.prompt = nn.Parameter(self.emb.weight[rows].detach().clone())
+        self.body = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 2))
+
+    def forward(self, x: torch.Tensor, prompt: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.prompt if prompt is None else prompt
+        h = torch.cat([p.expand(x.shape[0], -1, -1), self.emb(x)], 1)
+        return self.body(h.mean(1) * 10)
+
+
+def test_prompt_tuning_at_its_usual_learning_rate_is_not_an_exploding_update():
+    """Prompt tuning: only an 8-token prompt trains, initialised from word embeddings
+    (RMS 0.02), with AdamW at lr 0.03. Adam's first step moves every element by the
+    learning rate, 1.5x the prompt's size: that was an error and the first failure. A
+    warning at most (`updates.LR_SIZED`)."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = _PromptLM(gen)
+    teacher = torch.randn(8, 64, generator=gen) * 0.3
+    for name, p in model.named_parameters():
+        p.requires_grad_(name == "prompt")
+    opt = torch.optim.AdamW([model.prompt], lr=3e-2)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(200):
+            x = torch.randint(0, 50, (64, 12), generator=gen)
+            with torch.no_grad():
+                y = model(x, teacher).argmax(1)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    loud = [e for e in run.events if e.severity != "info"]
+    assert [(e.kind, e.step, e.severity) for e in loud] in (
+        [], [("exploding_update", 0, "warning")]), [str(e) for e in loud]
+    assert run.first_failure is None
+    assert losses[-1] < 0.1 * losses[0]

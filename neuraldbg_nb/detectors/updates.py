@@ -39,6 +39,24 @@ the run's first `window` steps: weights that shrink to next to nothing later and
 from there are judged as any others."""
 
 
+LR_SIZED = 10.0
+"""At the run's start (its first `window` steps), an update of `max_update` up to this
+many times the weights is a warning, not an error, where it moved the elements by no more
+than the learning rate (the RMS of the step at most `lr`): the optimizer took the step it
+was told to, on weights small against it. Adam's first step moves every element by the
+learning rate; prompt tuning trains a prompt initialised from word embeddings (RMS 0.02)
+at a learning rate of 0.03, and its first update, 1.5x the prompt's size, was an error
+and the run's first failure."""
+
+
+def _lr_sized(trace: Trace, step_rms: np.ndarray, lr: np.ndarray) -> np.ndarray:
+    """Where an update's RMS element is at most the learning rate (with 10% slack for
+    weight decay), on layers the primary optimizer trains."""
+    primary = np.array([i.primary_lr for i in trace.layers], bool)[None, :]
+    with np.errstate(invalid="ignore"):
+        return primary & (step_rms <= 1.1 * lr[:, None])
+
+
 def _tiny(trace: Trace, norms: np.ndarray) -> np.ndarray:
     """Where a layer's weights, read whole, have an RMS element below `TINY`."""
     n = np.array([i.params if 0 < i.params <= WEIGHT_PROBE else 0 for i in trace.layers],
@@ -89,8 +107,15 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         judged &= ~_growing(born, th.window + 2)
     judged[:, few(trace, "params")] = False
     judged |= blown
-    codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     lr_at, lr_prev = lagged(lr, 1), lagged(lr, 2)  # learning rate of the update judged at row t
+    size = np.array([max(i.params, 0) for i in trace.layers], np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # before the run's first update no norm is read: at least after / (1 + ratio)
+        step_rms = change * np.where(np.isnan(before), after / (1 + ratio), before) \
+            / np.sqrt(size)[None, :]
+    mild = early & ~blown & (change < LR_SIZED * th.max_update) & _lr_sized(trace, step_rms, lr_at)
+    codes = grade(judged, (blown | (change >= th.max_update), ERROR))
+    codes[mild & (codes == ERROR)] = WARNING
     first = lo
     # the step's lr is the primary optimizer's: not said of layers another one trains
     other_lr = {i.label for i in trace.layers if not i.primary_lr}
@@ -99,6 +124,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         text = (f"{name}: weights changed by {v:.3g}x their size during step {s}"
                 if np.isfinite(v) else f"{name}: weights became non-finite during step {s}")
         row = s + 1 - first
+        if sev == "warning" and 0 <= row < n:  # (`LR_SIZED`)
+            return (f"{text}: each moved by about the learning rate ({fmt(lr_at[row])}), "
+                    f"more than the weights' own size; fine for a small initialisation "
+                    f"(a prompt, an embedding), a learning rate too high otherwise")
         if p < th.max_update:  # the optimizer's own update was measured, and was small
             return (f"{name}: weights changed by {v:.3g}x their size during step {s}, but the "
                     f"optimizer's update moved them only {p:.2g}x: they were changed "
