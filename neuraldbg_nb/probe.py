@@ -481,6 +481,7 @@ class Probe:
             found = first_tensor(kwargs, floating=False)
         if found is None or found.numel() == 0 or found.is_complex():
             return
+        self._steps.last_input = weakref.ref(found)
         if len(self._root_modules) > 1:  # is it another watched model's output?
             if found.requires_grad:  # computed from one (WGAN-GP's interpolates), or made
                 return  # to take gradients: with several models, not the data

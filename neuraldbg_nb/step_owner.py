@@ -5,7 +5,8 @@ later in the block (Adam, then L-BFGS), or one made for another model (an earlie
 of the watched one). The first optimizer to step that trains a watched weight is the
 primary: its steps close the watch's steps and its learning rate is the step's. The
 others' updates are measured with the primary's (`WeightProbe`), and an optimizer that
-trains none of the watched weights is counted and left alone.
+trains none of the watched weights is counted and left alone, unless what it trains is
+the model's input (`trains_the_input`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class StepOwner:
         self.foreign_steps = 0
         """Steps of optimizers that train no watched weight, while none that does had
         stepped: an optimizer made for an earlier copy of the model (`Probe.close_partial`)."""
+        self.last_input: weakref.ref[torch.Tensor] | None = None
+        """The tensor the watched model was last called with (`trains_the_input`)."""
 
     @property
     def primary(self) -> torch.optim.Optimizer | None:
@@ -59,7 +62,7 @@ class StepOwner:
         weights yet and `opt` does not either (a foreign step, counted)."""
         primary = self.primary
         if primary is None:
-            if not self._owns(opt):
+            if not self._owns(opt) and not self.trains_the_input(opt):
                 self.foreign_steps += 1
                 return None
             self._primary = weakref.ref(opt)
@@ -88,6 +91,18 @@ class StepOwner:
                         if mid in self._index:
                             self._trace.update_layer(self._index[mid], primary_lr=False)
         return known[1]
+
+    def trains_the_input(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether `opt` optimises what the model is fed, not the model: style transfer,
+        feature visualisation, adversarial examples, model inversion. It trains the very
+        tensor the model was last called with, or the model has no weight that takes a
+        gradient (its input is then what the loop trains, however it is transformed on
+        the way in). Such a loop was recorded as one step, with advice to make the
+        optimizer again from the model."""
+        last = self.last_input() if self.last_input is not None else None
+        if last is not None and any(p is last for g in opt.param_groups for p in g["params"]):
+            return True
+        return bool(self._owners) and not any(p.requires_grad for _, p, _ in self._owners)
 
     def _owns(self, opt: torch.optim.Optimizer) -> bool:
         if not self._owners:

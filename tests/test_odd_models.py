@@ -1330,3 +1330,32 @@ def test_torch_func_transforms_of_the_model_are_left_out_not_a_crash():
     assert np.isfinite(run.trace.col("act_absmax")).all()
     ff = run.first_failure
     assert ff is not None and (ff.layer, ff.step) == ("2", 30), ff
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_loop_that_optimises_the_models_input_is_watched_step_by_step(frozen):
+    """Style transfer, feature visualisation, adversarial examples: the optimizer trains
+    the image fed to the model, not the model. The block was recorded as one step, with
+    the advice to make the optimizer again from the model. Its steps are the watch's
+    steps; a model that keeps its weights trainable is told that they are not updated."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
+    if frozen:
+        net.requires_grad_(False)
+    target = torch.randn(1, 8)
+    img = (0.1 * torch.randn(1, 32)).requires_grad_(True)
+    opt = torch.optim.Adam([img], lr=0.05)
+    losses = []
+    with ndbg.watch(net, report=False) as run:
+        for _ in range(100):
+            loss = F.mse_loss(net(img), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert losses[-1] < 0.1 * losses[0]
+    assert run.trace.n_steps == 100 and not run.notes, run.notes
+    assert np.isfinite(run.trace.col("act_absmax")).all()
+    _no_errors(run)
+    loud = {(e.kind, e.severity) for e in run.events if e.severity != "info"}
+    assert loud == (set() if frozen else {("weights_not_updated", "warning")}), loud
