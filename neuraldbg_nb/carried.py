@@ -19,6 +19,10 @@ from torch import nn
 
 from . import stats
 
+REAPPLIED = 2.0
+"""`CarryCheck.judge`'s value for a step that heard no backward and whose gradients are the
+very ones the last step applied, untouched: `optimizer.step()` called twice."""
+
 
 class CarryCheck:
     """Reads the witness weight's gradient as each backward starts, and judges at the
@@ -69,16 +73,20 @@ class CarryCheck:
         still hold the last step's (`p`'s gradient is the tensor read at the last
         boundary, and every one of the step's `backwards` started on it while it still
         held values, so nothing zeroed it; `zero_grad(set_to_none=True)`, the default,
-        gives a new tensor); 0.0 where they are fresh; NaN where it cannot be told (no
-        gradient, no backward heard). A sparse gradient, whose values are not read, is
-        judged by its version: moved by exactly the step's backwards."""
+        gives a new tensor); 0.0 where they are fresh; `REAPPLIED` where no backward was
+        heard and the gradient is the last step's, unchanged since (not even clipped);
+        NaN where it cannot be told (no gradient; no backward heard, and gradients set by
+        hand). A sparse gradient, whose values are not read, is judged by its version:
+        moved by exactly the step's backwards."""
         last, self._last = self._last, None
         if p is None or p.grad is None:
             return math.nan
         g = p.grad
         self._last = (weakref.ref(g), g._version, weakref.ref(p))
-        if last is None or not backwards:
+        if last is None:
             return math.nan
+        if not backwards:
+            return REAPPLIED if last[0]() is g and g._version == last[1] else math.nan
         if last[0]() is not g:
             return 0.0
         if g.layout != torch.strided:

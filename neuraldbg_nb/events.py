@@ -26,6 +26,7 @@ class Kind(str, enum.Enum):
     EVAL_MODE = "eval_mode"
     GRADS_NOT_ZEROED = "grads_not_zeroed"
     NO_GRADIENTS = "no_gradients"
+    STEP_REPEATED = "step_repeated"
     RECOVERY = "recovery"
 
     def __str__(self) -> str:

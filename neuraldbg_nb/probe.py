@@ -28,7 +28,7 @@ from torch.utils.hooks import RemovableHandle
 
 from . import batch_summary, loss_tap, stats, step_row
 from .capture import is_reference_step
-from .carried import CarryCheck
+from .carried import REAPPLIED, CarryCheck
 from .layers import (
     acts_by_mode,
     bounds_of,
@@ -652,6 +652,8 @@ class Probe:
         self._weights.record(self.trace, step - 1, norms[1:], v)
 
         carried = self._carry.judge(self._carry.witness(opt, params), v, len(self._losses))
+        if opt is None and carried == REAPPLIED:  # `run.step()` with no backward: logging
+            carried = math.nan
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
                    "loss": step_row.loss(v, self._losses, self._logged, self._logged_host),
                    "sampled": float(self._sampled),

@@ -1359,3 +1359,36 @@ def test_a_loop_that_optimises_the_models_input_is_watched_step_by_step(frozen):
     _no_errors(run)
     loud = {(e.kind, e.severity) for e in run.events if e.severity != "info"}
     assert loud == (set() if frozen else {("weights_not_updated", "warning")}), loud
+
+
+def test_an_optimizer_stepped_twice_per_backward_is_a_warning_where_it_began():
+    """`opt.step()` called a second time after one backward, from batch 30 on: the same
+    gradients applied twice. Nothing else saw it (every other step had no loss, and the
+    gradients were never "carried" two steps in a row)."""
+    setup = mlp()
+    opt = setup.make_opt(setup.model)
+    with ndbg.watch(setup.model, report=False) as run:
+        for i in range(50):
+            x, y = setup.batch(i)
+            opt.zero_grad()
+            setup.loss_fn(setup.model(x), y).backward()
+            opt.step()
+            if i >= 30:
+                opt.step()
+    assert run.trace.n_steps == 70
+    loud = [(e.kind, e.step, e.severity) for e in run.events if e.severity != "info"]
+    assert loud == [("step_repeated", 31, "warning")], [str(e) for e in run.events]
+    assert "without a backward" in next(e for e in run.events if e.severity != "info").message
+    # a loop without an optimizer, closed by hand, with no backward in some steps, is not
+    with ndbg.watch(setup.model, report=False) as run:
+        for i in range(20):
+            if i % 2 == 0:
+                x, y = setup.batch(i)
+                setup.model.zero_grad()
+                setup.loss_fn(setup.model(x), y).backward()
+                with torch.no_grad():
+                    for p in setup.model.parameters():
+                        p -= 0.01 * p.grad
+            run.step()
+    assert run.trace.n_steps == 20
+    assert not [e for e in run.events if e.kind == "step_repeated"]

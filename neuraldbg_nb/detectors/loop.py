@@ -11,6 +11,9 @@
   last step's (`grad_carried`); it is an error from its first step, so the root cause is
   the loop, not the layer it broke. Clipping or unscaling the gradients in place
   does not hide it: the probe reads one gradient's values as each backward starts.
+- A loop that calls `optimizer.step()` twice after one backward applies the same gradients
+  twice: the steps are twice as large as the learning rate says, and the watch counts
+  two steps per batch (`grad_carried` is `carried.REAPPLIED` at the second); a warning.
 - A loop that clears the gradients between the backward and the optimizer's step
   (`zero_grad()` after `backward()`), or whose loss does not depend on the model, trains
   nothing: every gradient is missing at the step, and detectors of gradients see no
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..carried import REAPPLIED
 from ..thresholds import Thresholds
 from ..trace import Trace
 from ._scan import ERROR, WARNING, Finding, grade
@@ -40,6 +44,12 @@ def _carry_message(name: str, step: int, v: float, previous: float, severity: st
             f"Call optimizer.zero_grad() once per step (before the backward)")
 
 
+def _repeat_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"optimizer.step() ran again at step {step} without a backward since the step "
+            f"before: the same gradients were applied twice, a step twice the size the "
+            f"learning rate says (each call is counted as a step). Call it once per backward")
+
+
 def _missing_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
     return (f"no gradient reached the model's weights at the optimizer's steps from step "
             f"{step}, though backward ran: nothing trains. The gradients were cleared "
@@ -55,6 +65,9 @@ def _codes(values: np.ndarray, code: int) -> np.ndarray:
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     n = trace.scalar("eval_layers", lo, stop)[:, None]
     carried = trace.scalar("grad_carried", lo, stop)[:, None]
+    repeated = (carried == REAPPLIED).astype(np.float64)
+    repeated[np.isnan(carried)] = np.nan
+    carried = np.where(carried == REAPPLIED, 0.0, carried)
     missing = trace.scalar("grads_missing", lo, stop)[:, None]
     return [
         Finding("eval_mode", "mode", _codes(n, WARNING), n, per_layer=False,
@@ -66,6 +79,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         Finding("grads_not_zeroed", "zeroing", _codes(carried, ERROR), carried,
                 per_layer=False, patience=2, message=_carry_message,
                 recovery=lambda name, s, v, p, sev: f"gradients zeroed between steps again "
+                                                    f"at step {s}"),
+        Finding("step_repeated", "zeroing", _codes(repeated, WARNING), repeated,
+                per_layer=False, message=_repeat_message,
+                recovery=lambda name, s, v, p, sev: f"one optimizer step per backward again "
                                                     f"at step {s}"),
         Finding("no_gradients", "zeroing", _codes(missing, ERROR), missing,
                 per_layer=False, patience=2, message=_missing_message,

@@ -27,7 +27,7 @@ _ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
 
 
 def _rank(e: Event) -> int:
-    if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients"):  # the step's inputs
+    if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated"):
         return 0
     if e.kind in _ACTIVATION and e.signal == "activation":
         return 1
