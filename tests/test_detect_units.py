@@ -1052,6 +1052,32 @@ def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
         [("fc1", 10)]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_weights_left_unchanged_at_a_learning_rate_of_0_or_next_to_it_say_so(chunk):
+    # the learning rate set to 0 at step 25; a scheduler stepped per batch (x0.5 a step
+    # from step 20 on, below 1e-8 from step 40): the sentence names the rate, not a layer
+    # left out of the optimizer
+    g = noisy(0.1)
+    upd = np.full((N, 1), np.nan)
+    upd[::10] = 1e-3
+    w = 5.0 + np.cumsum(np.full((N, 1), 1e-3), 0)
+    found = []
+    for lr in (np.where(np.arange(N) < 25, 1e-3, 0.0),
+               1e-3 * 0.5 ** np.clip(np.arange(N) - 20, 0, None)):
+        still = np.flatnonzero(lr < 1e-8)[0]
+        u, ww = upd.copy(), w.copy()
+        u[still + 1:][~np.isnan(u[still + 1:])] = 0.0
+        ww[still:] = ww[still]
+        cols = {"grad_norm": g, "update_ratio": u, "param_norm": ww}
+        scalars = {"loss": np.ones(N), "lr": lr}
+        _, events = detect(build([("fc", "other")], cols, scalars))
+        found += [e.message.split(": ", 2)[2] for e in of(events, "weights_not_updated")]
+        _, det, _ = _live([("fc", "other")], cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+    assert found == ["the learning rate is 0 since step 25 (was 0.001)",
+                     "the learning rate is 9.54e-10, down from 1.53e-08 at step 36"]
+
+
 def test_half_precision_updates_that_round_away_are_a_layer_that_stopped_learning():
     """A half-precision layer whose update leaves nine in ten of its weights exactly as
     they were has stopped learning (the updates round away): a warning at the step of

@@ -185,17 +185,44 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         known = judged & pushed & ~np.isnan(ratio) & np.isnan(unmoved)
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
     codes = grade(known, (still, WARNING))
+    lr = lagged(trace.scalar("lr", lo, stop), 1)  # the learning rate of the update judged
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
-        return (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
-                f"though their gradient norm is {fmt(v)}: they are not in the optimizer, or "
-                f"their learning rate is 0 (if they are meant to stay as they are, "
-                f"requires_grad_(False) saves computing their gradients)")
+        text = (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
+                f"though their gradient norm is {fmt(v)}: ")
+        row = s + 1 - lo
+        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        if rate < TOO_SMALL:  # (NaN is not)
+            return text + f"the learning rate is {fmt(rate)}{_since(lr, row, lo)}"
+        return text + ("they are not in the optimizer, or their learning rate is 0 (if "
+                       "they are meant to stay as they are, requires_grad_(False) saves "
+                       "computing their gradients)")
 
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
                     step_offset=-1),
             _rounded(unmoved, judged & pushed, lagged(trace.scalar("lr", lo, stop), 1), lo, th)]
+
+
+TOO_SMALL = 1e-8
+"""A learning rate below this moves no float32 weight of ordinary size (their precision is
+about 1e-7 of a weight): a stall at such a rate is the rate's, and the sentence says so
+instead of guessing at an optimizer that left the layer out. A StepLR stepped per batch
+instead of per epoch took 1e-3 to 2.5e-11 in 60 steps, read "their learning rate is 0"."""
+
+
+def _since(lr: np.ndarray, row: int, lo: int) -> str:
+    """Where the learning rate at `row` took its value, from the rows read: " since step
+    k (was x)" when it moved to it in one step (set by hand, a schedule's drop), ", down
+    from x at step k" when it decayed to it, or nothing when it was so from the start."""
+    now = lr[row]
+    before = np.flatnonzero(np.isfinite(lr[:row]) & (lr[:row] >= TOO_SMALL))
+    if not len(before):
+        return ""
+    k = int(before[-1])
+    if k == row - 1 or np.all(lr[k + 1:row + 1] == now):
+        return f" since step {k + lo} (was {fmt(lr[k])})"
+    return f", down from {fmt(lr[k])} at step {k - 1 + lo}"
 
 
 def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,
