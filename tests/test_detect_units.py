@@ -891,6 +891,36 @@ def test_a_first_update_the_size_of_the_learning_rate_on_small_weights_is_a_warn
                      "huge": [(0, "error")], "late": [(30, "error")]}
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 400])
+def test_an_input_scale_that_drifts_without_a_jump_is_a_warning(chunk):
+    # 1.06x a step from step 100 (no step a jump): a warning once its level moved 100x over
+    # 200 steps, and the first failure when a layer blows up later while it goes on; a
+    # 1000x jump at step 100 is the jump's event, not also a drift; a steady input neither
+    n = 400
+    cols = {"grad_norm": noisy(1e-2, n=n), "param_norm": np.ones((n, 1)),
+            "update_ratio": noisy(1e-3, n=n), "act_absmax": noisy(2.0, n=n)}
+    cols["act_absmax"][300:] = np.inf  # the overflow it leads to
+    found = {}
+    for name, scale in (("drift", 1.06 ** np.clip(np.arange(n) - 100, 0, None)),
+                        ("jump", np.where(np.arange(n) < 100, 1.0, 1000.0)),
+                        ("steady", np.ones(n))):
+        scalars = {"loss": noisy(1.0, n=n, seed=3)[:, 0],
+                   "in_absmax": 3.0 * scale * noisy(1.0, n=n, seed=5)[:, 0]}
+        _, events = detect(build([("fc", "other")], cols, scalars, n=n))
+        found[name] = [(e.signal, e.step, e.severity) for e in of(events, "data_anomaly")]
+        _, det, _ = _live([("fc", "other")], cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+        if name == "drift":
+            root = first_failure(events, ndbg.Thresholds())
+            assert (root.signal, root.step) == ("input_drift", found["drift"][0][1])
+            assert "drifted" in root.message and "no step a jump" in root.message
+    assert [(sig, sev) for sig, _, sev in found["drift"]] == [("input_drift", "warning")]
+    # 100x from about step 190; judged from step 205, when a level 200 steps back exists
+    assert found["drift"][0][1] == 205, found["drift"]
+    assert found["jump"] == [("input_scale", 100, "warning")]  # (not felt: `data._felt`)
+    assert found["steady"] == []
+
+
 def test_a_learning_rate_moved_by_about_the_jump_factor_is_a_change():
     # StepLR(gamma=0.1) from 0.05: 0.05 * 0.1 is 0.005000000000000001, a factor of 10 that
     # reads 0.9999999999999999 decades; the first decay went unreported. A base rate

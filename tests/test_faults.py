@@ -472,3 +472,28 @@ def test_a_gradient_made_non_finite_in_the_backward_is_the_cause_not_the_update(
     ff = run.first_failure
     assert (ff.kind, ff.layer, ff.step) == ("nonfinite_gradient", "2", S), ff.message
     assert "learning rate" not in ff.message
+
+
+def test_inputs_that_drift_a_little_every_step_are_the_first_failure():
+    """Inputs scaled 1.06x more at every step from step 100 (an accumulating transform):
+    no step is a jump, and what broke was a layer's gradient at step 235, blamed as the
+    first failure. The drift is found once its level moved 100x (judged from step 205,
+    200 steps after the first level), and the failure that follows is its symptom."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    teacher = torch.randn(32, 10, generator=gen)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(240):
+            x = torch.randn(64, 32, generator=gen)
+            y = (x @ teacher).argmax(1)
+            if step >= 100:
+                x = x * 1.06 ** (step - 100)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    ff = run.first_failure
+    assert ff is not None and (ff.kind, ff.signal, ff.step) == ("data_anomaly", "input_drift", 205)
+    assert "drifted" in str(run).splitlines()[0]

@@ -32,7 +32,7 @@ def _trend(th: Thresholds) -> int:
 
 
 DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
-    (data.findings, _recent),
+    (data.findings, _trend),
     (activations.findings, _recent),
     (regime.findings, _recent),
     (updates.findings, _recent),

@@ -49,7 +49,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     # (0.0009 -> 0.04 at step 150, hovering after) read as a second failure too, "climbed
     # 11x over 200 steps by step 293"
     jumps = np.cumsum(up & rising, axis=0, dtype=np.float64)
-    jumped = jumps - lagged(jumps, th.trend + th.window) > 0
+    jumped = jumps - np.nan_to_num(lagged(jumps, th.trend + th.window)) > 0
     trend = np.where(np.isnan(climb), HOLD,
                      np.where((climb >= rise) & ~jumped,
                               _grave(10.0 ** base, first), OK)).astype(np.int8)

@@ -64,6 +64,15 @@ def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
             and (w.kind, w.signal, w.layer, w.end) in grew}
 
 
+def _drifting(events: list[Event], first: int) -> dict[int, Event]:
+    """Input drifts still open as the first failure begins, by id: the data moved 100x
+    and more, slowly, and went on moving into the failure (inputs growing 1.06x a step
+    until a half-precision layer overflowed, 70 steps after the drift was found). The
+    data comes first, and no step of a drift is a jump for the lookback to find."""
+    return {id(e): e for e in events if e.kind == "data_anomaly" and e.signal == "input_drift"
+            and e.step < first and (e.end is None or e.end >= first)}
+
+
 def first_failure(events: list[Event], th: Thresholds) -> Event | None:
     """The event that started the first failure, or None for a healthy run."""
     errors = [e for e in events if e.severity == "error"]
@@ -71,6 +80,8 @@ def first_failure(events: list[Event], th: Thresholds) -> Event | None:
         return None
     began = _escalated(events, errors)
     first = min(e.step for e in [*errors, *began.values()])
+    began.update(_drifting(events, first))
+    first = min([first, *(e.step for e in began.values())])
     chain = [e for e in events
              if first - th.lookback <= e.step <= first
              and (e.severity == "error" or id(e) in began
