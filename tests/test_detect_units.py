@@ -946,8 +946,11 @@ def test_a_batch_repeated_from_the_first_step_is_info_and_a_stuck_loader_a_warni
     stuck[30:] = 1.0                    # a loader stuck from step 30 on
     brief = np.zeros(N)
     brief[30:35] = 1.0                  # stuck for five steps, then fed again
+    echo = np.ones(N)
+    echo[::4] = 0.0                     # each batch used 4 times, from the first
+    echo[40:46] = 1.0                   # ... and 10 times from step 36: at step 40 longer than ever
     found = {}
-    for name, repeat in [("every", every), ("stuck", stuck), ("brief", brief)]:
+    for name, repeat in [("every", every), ("stuck", stuck), ("brief", brief), ("echo", echo)]:
         scalars = {"loss": np.ones(N), "in_repeat": repeat}
         _, events = detect(build([("a", "other")], cols, scalars))
         _, det, _ = _live([("a", "other")], cols, scalars, chunk=chunk)
@@ -956,7 +959,7 @@ def test_a_batch_repeated_from_the_first_step_is_info_and_a_stuck_loader_a_warni
         if name == "every":
             assert "full-batch training" in of(events, "data_anomaly")[0].message
     assert found == {"every": [(1, "info", None)], "stuck": [(30, "warning", None)],
-                     "brief": [(30, "warning", 35)]}
+                     "brief": [(30, "warning", 35)], "echo": [(1, "info", 40), (40, "warning", None)]}
 
 
 @pytest.mark.parametrize("chunk", [1, 7, N])

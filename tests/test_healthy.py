@@ -727,3 +727,29 @@ def test_prompt_tuning_at_its_usual_learning_rate_is_not_an_exploding_update():
         [], [("exploding_update", 0, "warning")]), [str(e) for e in loud]
     assert run.first_failure is None
     assert losses[-1] < 0.1 * losses[0]
+
+
+def test_a_loop_that_uses_each_batch_four_times_is_quiet():
+    """Four optimizer steps per batch (data echoing, an inner loop per task): a repeat of
+    the last batch at three steps of four. The second batch's repeats were a warning "a
+    loader stuck" that stayed open all run (the one fresh batch between repeats never
+    ended it)."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    w = torch.randn(8, 1, generator=gen)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(300):
+            if step % 4 == 0:
+                x = torch.randn(64, 8, generator=gen)
+                y = torch.tanh(x @ w)
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    assert not [str(e) for e in run.events if e.severity != "info"]
+    assert run.first_failure is None
+    assert losses[-1] < 0.5 * losses[0]

@@ -23,7 +23,10 @@ def _repeat_codes(repeat: np.ndarray, lo: int, window: int) -> np.ndarray:
     """A batch that repeats the one before: a warning where the loop fed other batches
     before (a loader stuck in mid-run, a sampler bug); info where every batch has been the
     same from the first (full-batch training, fitting one batch on purpose, or a loader
-    never advanced, `next(iter(loader))` outside the loop: the sentence names them). Also
+    never advanced, `next(iter(loader))` outside the loop: the sentence names them), and
+    where it repeats no longer than batches did lately (each batch used k times: a
+    warning at the second batch's repeat stayed open all run, the fresh batch between
+    never enough to end it). Also
     info once the last `window` batches all repeated, so that a live scan, which reads
     `window` + 2 rows before its chunk and cannot see the first step after that, codes
     every row as a scan in one go does (a stuck loader's warning stays open)."""
@@ -32,11 +35,20 @@ def _repeat_codes(repeat: np.ndarray, lo: int, window: int) -> np.ndarray:
     rows = np.arange(len(rep))
     run = rows - np.maximum.accumulate(np.where(rep, -1, rows))  # repeats ending here
     from_start = (lo == 0) & (run >= rows)  # steps 1..t all repeated (step 0 cannot)
-    codes[rep & (from_start | (run > window)), 0] = INFO
+    # the longest run of repeats in the `window` rows up to the fresh batch before this
+    # run: a loop that uses each batch k times (data echoing, a few inner steps per
+    # batch) repeats as it did before; a stuck loader repeats longer than ever
+    padded = np.concatenate([np.zeros(window - 1), run])
+    recent = np.lib.stride_tricks.sliding_window_view(padded, window).max(1)
+    before = recent[np.maximum(rows - run, 0)]
+    codes[rep & (from_start | (run > window) | (run <= before)), 0] = INFO
     return codes
 
 
 def _repeat_message(n: str, s: int, v: float, p: float, sev: str) -> str:
+    if sev == "info" and s > 1:
+        return (f"input batch at step {s} repeats the previous batch exactly, as batches "
+                f"did lately: each batch used several times (data echoing, inner steps)")
     if sev == "info":
         return (f"input batch at step {s} repeats the previous batch exactly, as every batch "
                 f"has so far: full-batch training, or one batch fitted on purpose (a data "
