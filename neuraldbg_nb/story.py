@@ -93,12 +93,26 @@ def _lr_moved(events: list[Event], root: Event, lookback: int) -> list[str]:
             + ": a likely cause" for e in moves]
 
 
+def _edited(events: list[Event], root: Event, max_update: float) -> list[str]:
+    """Weights of the first failure's layer changed outside the optimizer just before it
+    (an `exploding_update` whose own update was small: `updates.findings`): the likely
+    cause, said next to it. A transformer's query weights scaled 30x at step 150 were
+    the first failure there (its activations jumped), while the edit itself was listed
+    among the symptoms."""
+    edits = [e for e in events if e.kind == "exploding_update" and e.layer == root.layer
+             and e.layer is not None and root.step - 1 <= e.step <= root.step
+             and e.previous < max_update <= e.value]
+    return [f"its weights were changed outside the optimizer ({e.value:.3g}x their size) "
+            f"during step {e.step}: a likely cause" for e in edits]
+
+
 def tell(run: Run) -> str:
     lines = [headline(run)]
     root = run.first_failure
     if root is not None:
         lines.append(f"  cause: [{root.kind}] step {root.step}, {_where(root)}")
         lines += [f"  {line}" for line in _lr_moved(run.events, root, run.thresholds.lookback)]
+        lines += [f"  {line}" for line in _edited(run.events, root, run.thresholds.max_update)]
         if run.rank is not None and _from_gradients(root):
             lines.append("  (a distributed run averages the gradients over the ranks: where "
                          "this rank's input and activations were healthy, the failure may "

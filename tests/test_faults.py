@@ -196,6 +196,9 @@ def test_first_failure_message_is_a_sentence_with_the_numbers(arch, fault, role)
     else:  # a measured change: the message gives its size
         assert any(ch.isdigit() for ch in msg.replace(f"step {S}", "")), msg
     assert "\n" not in msg
+    # weights edited in place just before: the story says so beside the cause
+    edited = "its weights were changed outside the optimizer" in str(run)
+    assert edited == (fault is weight_x1000), str(run)
 
 
 # -- stop_on="error" --------------------------------------------------------------------
