@@ -659,6 +659,8 @@ class Probe:
                    "sampled": float(self._sampled),
                    "eval_layers": self._eval_layers if self._eval_layers >= 0 else math.nan,
                    "grad_carried": carried, "grads_missing": missing}
+        if self._steps.input_trained:  # (`StepOwner.input_trained`)
+            self._inputs.clear()
         inputs, self._last_fingerprint = step_row.input_scalars(self._inputs, v,
                                                                  self._last_fingerprint)
         scalars.update(inputs)

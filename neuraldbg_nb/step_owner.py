@@ -49,6 +49,9 @@ class StepOwner:
         stepped: an optimizer made for an earlier copy of the model (`Probe.close_partial`)."""
         self.last_input: weakref.ref[torch.Tensor] | None = None
         """The tensor the watched model was last called with (`trains_the_input`)."""
+        self.input_trained = False
+        """The primary optimizer trains the model's input: it is not data, and not judged
+        as data (an image optimised from all zeros read "input batch is all zeros")."""
 
     @property
     def primary(self) -> torch.optim.Optimizer | None:
@@ -62,9 +65,11 @@ class StepOwner:
         weights yet and `opt` does not either (a foreign step, counted)."""
         primary = self.primary
         if primary is None:
-            if not self._owns(opt) and not self.trains_the_input(opt):
-                self.foreign_steps += 1
-                return None
+            if not self._owns(opt):
+                if not self.trains_the_input(opt):
+                    self.foreign_steps += 1
+                    return None
+                self.input_trained = True
             self._primary = weakref.ref(opt)
             primary = opt
         elif primary is not opt and self._takes_over(opt):

@@ -1337,13 +1337,16 @@ def test_a_loop_that_optimises_the_models_input_is_watched_step_by_step(frozen):
     """Style transfer, feature visualisation, adversarial examples: the optimizer trains
     the image fed to the model, not the model. The block was recorded as one step, with
     the advice to make the optimizer again from the model. Its steps are the watch's
-    steps; a model that keeps its weights trainable is told that they are not updated."""
+    steps, the image is not judged as data (optimised from all zeros, it was "an input
+    batch of zeros"), and a model that keeps its weights trainable is told that they are
+    not updated."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
     if frozen:
         net.requires_grad_(False)
     target = torch.randn(1, 8)
-    img = (0.1 * torch.randn(1, 32)).requires_grad_(True)
+    # from all zeros (a feature visualisation's start): not "an input batch of zeros"
+    img = (torch.zeros(1, 32) if frozen else 0.1 * torch.randn(1, 32)).requires_grad_(True)
     opt = torch.optim.Adam([img], lr=0.05)
     losses = []
     with ndbg.watch(net, report=False) as run:
@@ -1359,6 +1362,7 @@ def test_a_loop_that_optimises_the_models_input_is_watched_step_by_step(frozen):
     _no_errors(run)
     loud = {(e.kind, e.severity) for e in run.events if e.severity != "info"}
     assert loud == (set() if frozen else {("weights_not_updated", "warning")}), loud
+    assert np.isnan(run.trace.scalar("in_absmax")).all()  # what trains is not data
 
 
 def test_an_optimizer_stepped_twice_per_backward_is_a_warning_where_it_began():
