@@ -200,6 +200,30 @@ def test_a_layer_whose_output_becomes_exactly_zero_is_a_collapse(chunk):
     assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_layer_that_runs_without_gradients_from_a_step_on_was_frozen(chunk):
+    # "fc" has no gradient from step 30 on while it runs (requires_grad turned off);
+    # "backbone" never had one (frozen from the start); "head" sits out 4 steps of 5; "gone"
+    # neither runs nor has a gradient from step 30 (a branch no longer taken)
+    g = noisy(1e-2, cols=4)
+    g[30:, 0] = np.nan
+    g[:, 1] = np.nan
+    g[np.arange(N) % 5 != 0, 2] = np.nan
+    g[30:, 3] = np.nan
+    a = noisy(2.0, cols=4)
+    a[30:, 3] = np.nan
+    layers = [("fc", "other"), ("backbone", "other"), ("head", "other"), ("gone", "other")]
+    cols = {"grad_norm": g, "act_absmax": a, "param_norm": np.ones((N, 4)),
+            "update_ratio": noisy(1e-3, cols=4)}
+    _, events = detect(build(layers, cols))
+    frozen = of(events, "vanishing_gradient", signal="frozen")
+    assert [(e.layer, e.step, e.severity, e.end) for e in frozen] == [("fc", 30, "info", None)]
+    assert "frozen (requires_grad off)" in frozen[0].message
+    assert [e for e in events if e.severity != "info"] == []
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
 def test_nan_in_the_trace_means_not_measured_not_healthy():
     """Unmeasured steps hold the state: a sampled column that is NaN between samples
     neither ends a condition nor starts one."""

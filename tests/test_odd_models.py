@@ -1396,3 +1396,23 @@ def test_an_optimizer_stepped_twice_per_backward_is_a_warning_where_it_began():
             run.step()
     assert run.trace.n_steps == 20
     assert not [e for e in run.events if e.kind == "step_repeated"]
+
+
+def test_a_layer_frozen_in_mid_run_is_said():
+    """`requires_grad_(False)` on a layer at step 30 (a bug, or progressive freezing): its
+    gradient and weight columns went empty and nothing was said. An info event at that
+    step names it; the training is otherwise healthy."""
+    setup = mlp()
+    mid = setup.layers["mid"]
+    opt = setup.make_opt(setup.model)
+
+    def freeze(step, model, opt):
+        if step == 30:
+            module = dict(model.named_modules())[mid]
+            module.requires_grad_(False)
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, 60, opt=opt, on_step_start=freeze)
+    frozen = [e for e in run.events if e.signal == "frozen"]
+    assert [(e.layer, e.step, e.severity) for e in frozen] == [(mid, 30, "info")], run.events
+    _no_errors(run)

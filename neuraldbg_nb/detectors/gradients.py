@@ -9,7 +9,7 @@ import numpy as np
 from ..thresholds import Thresholds
 from ..trace import Trace
 from ._baseline import lagged, log_level, trailing_stats
-from ._scan import ERROR, HOLD, INFO, WARNING, Finding, fmt, grade
+from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 
 RECOVER = 10.0
 """A vanished gradient norm must climb above `RECOVER` x `vanish` to count as healthy
@@ -148,6 +148,28 @@ def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:
     return out
 
 
+def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
+            th: Thresholds) -> list[Finding]:
+    """Info where a layer that had gradients has none (not even zeros) for `window`
+    steps while it still runs in the forward: its weights were frozen mid-run
+    (`requires_grad_(False)`: a bug, or progressive freezing on purpose), or its output
+    no longer reaches the loss. It was silent: the layer's columns went empty. Not for
+    a layer without a gradient from the start (a frozen backbone), nor one that sits
+    out a few steps (a head whose task is off)."""
+    ran = ~np.isnan(trace.col("act_absmax", lo, stop))
+    owned = np.array([i.has_params for i in trace.layers], bool)[None, :]
+    had = np.maximum.accumulate(finite, axis=0)
+    codes = np.where(finite, OK, np.where(np.isnan(g) & ran & owned & had, INFO, HOLD))
+    return [Finding("vanishing_gradient", "frozen", codes.astype(np.int8), g,
+                    patience=th.window, hold_counts=False,
+                    message=lambda n, s, v, p, sev: f"{n}: no gradient from step {s}, though "
+                                                    f"it still runs: its weights were frozen "
+                                                    f"(requires_grad off), or its output no "
+                                                    f"longer reaches the loss",
+                    recovery=lambda n, s, v, p, sev: f"{n}: gradient back ({fmt(v)}) at "
+                                                     f"step {s}")]
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """Non-finite, exploding and vanishing gradients. A gradient of exactly 0 is told
     apart from a vanishing one: nothing of the loss reaches the layer, most often on
@@ -173,7 +195,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     tiny = (g > 0) & (g < th.vanish)
     vanishing = grade(judged & ~zero, (tiny, ERROR))
     cut = grade(judged & ~tiny, (zero, WARNING))
-    return [
+    return [*_frozen(trace, lo, stop, g, finite, th), 
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "
                                  f"(norm was {fmt(p)})"),
