@@ -1072,8 +1072,31 @@ def test_a_parameter_of_a_few_numbers_crossing_zero_is_not_an_exploding_update()
                   {"grad_norm": noisy(1e-2, cols=3), "param_norm": w})
     for i, n in enumerate((2, 1000, 2)):
         trace.update_layer(i, params=n)
-    found = {(e.layer, e.step) for e in of(detect(trace)[1], "exploding_update")}
+    events = detect(trace)[1]
+    found = {(e.layer, e.step) for e in of(events, "exploding_update", signal="update")}
     assert found == {("big", 33), ("blown", 50)}
+    # the big layer's fall to a 650th at step 30 is one too (an update ratio can reach
+    # no more than 1 on the way down: `updates.SHRINK`)
+    assert [(e.layer, e.step, e.severity) for e in of(events, "exploding_update",
+                                                      signal="shrink")] == [("big", 30, "warning")]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_weights_that_shrink_tenfold_within_ten_updates_are_a_warning(chunk):
+    # a weight decay set 500x too strong at step 30: the norm halves at every update (each
+    # update 0.5x, below `max_update`); another layer's norm falls 2x over 30 steps
+    w = np.ones((N, 2))
+    w[30:, 0] = 0.5 ** np.arange(1, N - 29)
+    w[:, 1] = 2.0 ** (-np.clip(np.arange(N) - 20, 0, 30) / 30)
+    layers = [("fc", "other"), ("slow", "other")]
+    cols = {"grad_norm": noisy(1e-2, cols=2), "param_norm": w,
+            "update_ratio": np.full((N, 2), np.nan)}
+    _, events = detect(build(layers, cols))
+    shrink = of(events, "exploding_update", signal="shrink")
+    assert [(e.layer, e.step, e.severity) for e in shrink] == [("fc", 33, "warning")]
+    assert "weights shrank 16x in the last 10 updates" in shrink[0].message
+    _, det, _ = _live(layers, cols, {"loss": np.ones(N)}, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
 
 
 def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():

@@ -500,3 +500,23 @@ def test_inputs_that_drift_a_little_every_step_are_the_first_failure():
     ff = run.first_failure
     assert ff is not None and (ff.kind, ff.signal, ff.step) == ("data_anomaly", "input_drift", 205)
     assert "drifted" in str(run).splitlines()[0]
+
+
+def test_a_weight_decay_set_far_too_strong_is_the_weights_shrinking():
+    """AdamW's weight decay set to 500 at step 40 (a typo for 5e-4): every update halves
+    the weights, each below the exploding-update line (0.5x of their size), and nothing
+    named the weights shrinking, only the activations collapsing after them."""
+    setup = FACTORIES["mlp"]()
+    opt = torch.optim.AdamW(setup.model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    def typo(step, model, opt):
+        if step == S:
+            for g in opt.param_groups:
+                g["weight_decay"] = 500.0
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS, opt=opt, on_step_start=typo)
+    shrink = [e for e in run.events if e.signal == "shrink"]
+    assert shrink and {e.severity for e in shrink} == {"warning"}
+    assert all(S <= e.step <= S + 4 for e in shrink), [str(e) for e in shrink]
+    assert setup.layers["mid"] in {e.layer for e in shrink}

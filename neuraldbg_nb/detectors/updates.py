@@ -145,7 +145,34 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     # `previous` carries the optimizer's own update size where it was measured (sampled
     # steps), so the sentence can tell an optimizer blow-up from weights edited in place
     return [Finding("exploding_update", "update", codes, value, previous=ratio,
-                    message=message, step_offset=-1)]
+                    message=message, step_offset=-1),
+            _shrinking(w, judged, trace, th)]
+
+
+SHRINK = 10.0
+SHRINK_UPDATES = 10
+"""Weights whose norm fell `SHRINK`-fold over the last `SHRINK_UPDATES` updates, each of
+them below `max_update`, are a warning: a weight decay set 500x too strong halved a
+layer's weights at every step (6.17 -> 3.09 -> 1.56 ...), an update ratio of 0.5, and
+nothing was said. It ends once the fall over as many updates is under 3x."""
+
+
+def _shrinking(w: np.ndarray, judged: np.ndarray, trace: Trace, th: Thresholds) -> Finding:
+    after, then = lagged(w, 1), lagged(w, 1 + SHRINK_UPDATES)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fall = np.where((after > 0) & np.isfinite(then), then / after, np.nan)
+    codes = np.where(np.isnan(fall) | ~judged, HOLD, np.where(
+        fall >= SHRINK, WARNING, np.where(fall < 3.0, OK, HOLD))).astype(np.int8)
+    codes[:, few(trace, "params")] = HOLD
+    return Finding("exploding_update", "shrink", codes, after, previous=then,
+                   step_offset=-1,
+                   message=lambda n, s, v, p, sev: f"{n}: weights shrank {p / v:.0f}x in the "
+                                                   f"last {SHRINK_UPDATES} updates, by step {s} "
+                                                   f"({fmt(p)} -> {fmt(v)}): a weight decay "
+                                                   f"far too strong, or updates that pull "
+                                                   f"every weight to 0",
+                   recovery=lambda n, s, v, p, sev: f"{n}: weights steady again ({fmt(v)}) "
+                                                    f"at step {s}")
 
 
 SPARSE_ROWS = frozenset({"Embedding", "EmbeddingBag"})
