@@ -99,8 +99,9 @@ def _edited(events: list[Event], root: Event, max_update: float) -> list[str]:
     cause, said next to it. A transformer's query weights scaled 30x at step 150 were
     the first failure there (its activations jumped), while the edit itself was listed
     among the symptoms."""
-    edits = [e for e in events if e.kind == "exploding_update" and e.layer == root.layer
-             and e.layer is not None and root.step - 1 <= e.step <= root.step
+    edits = [e for e in events if e.kind == "exploding_update" and e.signal == "update"
+             and e.layer == root.layer and e.layer is not None
+             and root.step - 1 <= e.step <= root.step
              and e.previous < max_update <= e.value]
     return [f"its weights were changed outside the optimizer ({e.value:.3g}x their size) "
             f"during step {e.step}: a likely cause" for e in edits]

@@ -132,9 +132,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                 patience=th.patience,
                 message=lambda n, s, v, p, sev: f"input batch scale drifted {_times(v, p)} "
                                                 f"over {th.trend} steps by step {s} (its "
-                                                f"recent level {fmt(p)} -> {fmt(v)}), no "
-                                                f"step a jump (an accumulating transform, "
-                                                f"or normalisation statistics of other data)",
+                                                f"level {fmt(p)} -> {fmt(v)}), no step a "
+                                                f"jump (an accumulating transform, or "
+                                                f"normalisation statistics of other data)",
                 recovery=lambda n, s, v, p, sev: f"input batch scale steady again "
                                                  f"({fmt(v)}) at step {s}"),
     ]

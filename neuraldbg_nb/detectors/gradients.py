@@ -195,7 +195,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     tiny = (g > 0) & (g < th.vanish)
     vanishing = grade(judged & ~zero, (tiny, ERROR))
     cut = grade(judged & ~tiny, (zero, WARNING))
-    return [*_frozen(trace, lo, stop, g, finite, th), 
+    return [
+        *_frozen(trace, lo, stop, g, finite, th),
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "
                                  f"(norm was {fmt(p)})"),

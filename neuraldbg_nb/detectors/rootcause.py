@@ -66,9 +66,9 @@ def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
 
 def _drifting(events: list[Event], first: int) -> dict[int, Event]:
     """Input drifts still open as the first failure begins, by id: the data moved 100x
-    and more, slowly, and went on moving into the failure (inputs growing 1.06x a step
-    until a half-precision layer overflowed, 70 steps after the drift was found). The
-    data comes first, and no step of a drift is a jump for the lookback to find."""
+    and more, slowly, and went on moving into the failure (inputs growing 1.06x a step,
+    the drift found at step 205, a layer's gradient exploding at step 235 was blamed).
+    The data comes first, and no step of a drift is a jump for the lookback to find."""
     return {id(e): e for e in events if e.kind == "data_anomaly" and e.signal == "input_drift"
             and e.step < first and (e.end is None or e.end >= first)}
 

@@ -150,19 +150,22 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
 
 
 SHRINK = 10.0
-SHRINK_UPDATES = 10
-"""Weights whose norm fell `SHRINK`-fold over the last `SHRINK_UPDATES` updates, each of
-them below `max_update`, are a warning: a weight decay set 500x too strong halved a
+"""Weights whose norm fell this many times over the last `SHRINK_UPDATES` updates, each
+update below `max_update`, are a warning: a weight decay set 500x too strong halved a
 layer's weights at every step (6.17 -> 3.09 -> 1.56 ...), an update ratio of 0.5, and
-nothing was said. It ends once the fall over as many updates is under 3x."""
+nothing was said. It ends once the fall over as many updates is under `SHRUNK_OK`."""
+SHRINK_UPDATES = 10
+SHRUNK_OK = 3.0
 
 
 def _shrinking(w: np.ndarray, judged: np.ndarray, trace: Trace, th: Thresholds) -> Finding:
+    """Weights shrinking `SHRINK`-fold within `SHRINK_UPDATES` updates (signal "shrink"),
+    judged where the exploding-update rule is (`judged`)."""
     after, then = lagged(w, 1), lagged(w, 1 + SHRINK_UPDATES)
     with np.errstate(divide="ignore", invalid="ignore"):
         fall = np.where((after > 0) & np.isfinite(then), then / after, np.nan)
     codes = np.where(np.isnan(fall) | ~judged, HOLD, np.where(
-        fall >= SHRINK, WARNING, np.where(fall < 3.0, OK, HOLD))).astype(np.int8)
+        fall >= SHRINK, WARNING, np.where(fall < SHRUNK_OK, OK, HOLD))).astype(np.int8)
     codes[:, few(trace, "params")] = HOLD
     return Finding("exploding_update", "shrink", codes, after, previous=then,
                    step_offset=-1,
