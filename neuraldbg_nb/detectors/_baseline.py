@@ -37,6 +37,13 @@ def lagged(a: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def within(mask: np.ndarray, k: int) -> np.ndarray:
+    """Where `mask` held in the row or any of the `k` - 1 rows before it (counted from the
+    first row on): a jump still inside a trend that it explains (`loss`, `data`)."""
+    held = np.cumsum(mask, axis=0, dtype=np.float64)
+    return held - np.nan_to_num(lagged(held, k)) > 0
+
+
 SCALE = 2.0 ** 20
 """Fixed-point scale of log10 values in the window sums (a millionth of a decade)."""
 

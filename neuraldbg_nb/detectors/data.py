@@ -10,7 +10,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import lagged, log_level, shift_beyond
+from ._baseline import lagged, log_level, shift_beyond, within
 from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt
 from .regime import describe, shift_codes
 
@@ -90,8 +90,7 @@ def _drift(absmax: np.ndarray, shift: np.ndarray, th: Thresholds
     _, base = shift_beyond(logs, th.window, th.warmup, th.noise)
     then = lagged(base, th.trend)
     moved = np.abs(base - then)
-    jumps = np.cumsum(shift >= WARNING, axis=0, dtype=np.float64)
-    jumped = jumps - np.nan_to_num(lagged(jumps, th.trend + th.window)) > 0
+    jumped = within(shift >= WARNING, th.trend + th.window)
     with np.errstate(invalid="ignore"):
         codes = np.where(np.isnan(moved), HOLD, np.where(
             (moved >= np.log10(th.jump_error)) & ~jumped, WARNING, OK)).astype(np.int8)

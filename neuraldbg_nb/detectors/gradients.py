@@ -149,7 +149,7 @@ def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:
 
 
 def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
-            th: Thresholds) -> list[Finding]:
+            th: Thresholds) -> Finding:
     """Info where a layer that had gradients has none (not even zeros) for `window`
     steps while it still runs in the forward: its weights were frozen mid-run
     (`requires_grad_(False)`: a bug, or progressive freezing on purpose), or its output
@@ -160,14 +160,14 @@ def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
     owned = np.array([i.has_params for i in trace.layers], bool)[None, :]
     had = np.maximum.accumulate(finite, axis=0)
     codes = np.where(finite, OK, np.where(np.isnan(g) & ran & owned & had, INFO, HOLD))
-    return [Finding("vanishing_gradient", "frozen", codes.astype(np.int8), g,
-                    patience=th.window, hold_counts=False,
-                    message=lambda n, s, v, p, sev: f"{n}: no gradient from step {s}, though "
-                                                    f"it still runs: its weights were frozen "
-                                                    f"(requires_grad off), or its output no "
-                                                    f"longer reaches the loss",
-                    recovery=lambda n, s, v, p, sev: f"{n}: gradient back ({fmt(v)}) at "
-                                                     f"step {s}")]
+    return Finding("vanishing_gradient", "frozen", codes.astype(np.int8), g,
+                   patience=th.window, hold_counts=False,
+                   message=lambda n, s, v, p, sev: f"{n}: no gradient from step {s}, though "
+                                                   f"it still runs: its weights were frozen "
+                                                   f"(requires_grad off), or its output no "
+                                                   f"longer reaches the loss",
+                   recovery=lambda n, s, v, p, sev: f"{n}: gradient back ({fmt(v)}) at "
+                                                    f"step {s}")
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
@@ -196,7 +196,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     vanishing = grade(judged & ~zero, (tiny, ERROR))
     cut = grade(judged & ~tiny, (zero, WARNING))
     return [
-        *_frozen(trace, lo, stop, g, finite, th),
+        _frozen(trace, lo, stop, g, finite, th),
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda
                 n, s, v, p, sev: f"{n}: gradient became non-finite at step {s} "
                                  f"(norm was {fmt(p)})"),

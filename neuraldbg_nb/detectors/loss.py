@@ -7,7 +7,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import Trace
-from ._baseline import lagged, log_level, shift_beyond
+from ._baseline import lagged, log_level, shift_beyond, within
 from ._scan import ERROR, HOLD, OK, WARNING, Finding, fmt
 
 FAR_BELOW = 0.1
@@ -48,8 +48,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     # climbed by that jump, which the jump's event reports: a curriculum's harder inputs
     # (0.0009 -> 0.04 at step 150, hovering after) read as a second failure too, "climbed
     # 11x over 200 steps by step 293"
-    jumps = np.cumsum(up & rising, axis=0, dtype=np.float64)
-    jumped = jumps - np.nan_to_num(lagged(jumps, th.trend + th.window)) > 0
+    jumped = within(up & rising, th.trend + th.window)
     trend = np.where(np.isnan(climb), HOLD,
                      np.where((climb >= rise) & ~jumped,
                               _grave(10.0 ** base, first), OK)).astype(np.int8)

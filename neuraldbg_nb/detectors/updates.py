@@ -146,7 +146,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     # steps), so the sentence can tell an optimizer blow-up from weights edited in place
     return [Finding("exploding_update", "update", codes, value, previous=ratio,
                     message=message, step_offset=-1),
-            _shrinking(w, judged, trace, th)]
+            _shrinking(w, judged, trace)]
 
 
 SHRINK = 10.0
@@ -158,7 +158,7 @@ SHRINK_UPDATES = 10
 SHRUNK_OK = 3.0
 
 
-def _shrinking(w: np.ndarray, judged: np.ndarray, trace: Trace, th: Thresholds) -> Finding:
+def _shrinking(w: np.ndarray, judged: np.ndarray, trace: Trace) -> Finding:
     """Weights shrinking `SHRINK`-fold within `SHRINK_UPDATES` updates (signal "shrink"),
     judged where the exploding-update rule is (`judged`)."""
     after, then = lagged(w, 1), lagged(w, 1 + SHRINK_UPDATES)
