@@ -53,7 +53,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import neuraldbg_nb
-from neuraldbg_nb import selfcost
+from neuraldbg_nb import selfcost, stats
 
 # -- models --------------------------------------------------------------------------
 
@@ -242,6 +242,27 @@ def empty_hooks(b: Bench) -> Iterator[None]:
             h.remove()
 
 
+@contextlib.contextmanager
+def reducing_hooks(b: Bench) -> Iterator[None]:
+    """A forward hook on every leaf module that takes the one reduction the watch takes
+    per layer output (`stats.min_max`: `amin` and `amax`, or `aminmax` on small outputs)
+    and keeps the two values: the least the issue's per-step activation summary can
+    cost, with no bookkeeping, no input batch, weight or loss summaries and no
+    detection. With `step_gradient_floor`, a floor for the default mode."""
+    def reduce(module: nn.Module, args: tuple, output: object) -> None:
+        if type(output) is torch.Tensor and output.is_floating_point() and output.numel():
+            kept.append(stats.min_max(output.detach()))
+
+    kept: list[tuple[torch.Tensor, torch.Tensor]] = []
+    handles = [m.register_forward_hook(reduce) for m in b.model.modules()
+               if next(m.children(), None) is None]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _watch_params() -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(neuraldbg_nb.watch).parameters)
 
@@ -322,6 +343,8 @@ def configs() -> tuple[list[Config], list[str]]:
         Config("floor", "floor: one fused gradient read", step_gradient_floor),
         Config("floor_hooks", "floor: gradient read + empty layer hooks", step_gradient_floor,
                context=empty_hooks),
+        Config("floor_reduce", "floor: gradient read + one min/max per layer output",
+               step_gradient_floor, context=reducing_hooks),
         Config("item", "ref: per-param .item() grad norms", step_item_norms),
         Config("anomaly", "ref: torch.autograd.detect_anomaly()", step, context=anomaly),
     ], notes
@@ -418,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
                     help=f"comma-separated, from {','.join(MODELS)} "
                          f"(default: {','.join(DEFAULT_MODELS)})")
+    ap.add_argument("--configs", help="comma-separated configuration keys to time (default: "
+                                      "all); 'control' and the plain copies always run")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 12, quick 2)")
     ap.add_argument("--steps", type=int, help="steps per timed block (default 5, quick 2); a "
                                                "round times 4 blocks per config")
@@ -451,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     print(flush=True)
 
     cfgs, notes = configs()
+    if args.configs:
+        wanted = {"control", *(k.strip() for k in args.configs.split(",") if k.strip())}
+        unknown = wanted - {c.key for c in cfgs}
+        if unknown:
+            ap.error(f"unknown config(s) {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join(c.key for c in cfgs[1:])}")
+        cfgs = [c for c in cfgs if c.key == "plain" or c.key in wanted]
     plain_cfg, others = cfgs[0], cfgs[1:]
     # per model and configuration, two copies made alike: one trained plain, one by the
     # configuration; each only ever trained by its own loop
@@ -505,24 +537,25 @@ def main(argv: list[str] | None = None) -> int:
     print(fmt_table(["self-reported: 1 + run.overhead.fraction"] + header[1:], own, md))
     print()
 
-    # trace memory and events of the default-settings run
-    default = next(c for c in cfgs if c.key == "default")
-    mem = [["trace bytes per layer-step (default)"], ["layers watched"], ["steps recorded"],
-           ["events (default run)"], ["captures kept (default run)"]]
-    for k in keys:
-        run = default.runs[k]
-        tr = run.trace
-        n = tr.n_steps * tr.n_layers
-        mem[0].append(f"{tr.nbytes / n:.1f}" if n else "n/a")
-        mem[1].append(str(tr.n_layers))
-        mem[2].append(str(tr.n_steps))
-        ev = run.events
-        errors = sum(e.severity == "error" for e in ev)
-        warns = sum(e.severity == "warning" for e in ev)
-        mem[3].append(f"{len(ev)} ({errors} err, {warns} warn)")
-        mem[4].append(f"{len(run.captures)} ({run.captures.nbytes / 2**20:.0f} MB)")
-    print(fmt_table(["trace"] + header[1:], mem, md))
-    print()
+    # trace memory and events of the default-settings run (where it was timed)
+    default = next((c for c in cfgs if c.key == "default"), None)
+    if default is not None:
+        mem = [["trace bytes per layer-step (default)"], ["layers watched"], ["steps recorded"],
+               ["events (default run)"], ["captures kept (default run)"]]
+        for k in keys:
+            run = default.runs[k]
+            tr = run.trace
+            n = tr.n_steps * tr.n_layers
+            mem[0].append(f"{tr.nbytes / n:.1f}" if n else "n/a")
+            mem[1].append(str(tr.n_layers))
+            mem[2].append(str(tr.n_steps))
+            ev = run.events
+            errors = sum(e.severity == "error" for e in ev)
+            warns = sum(e.severity == "warning" for e in ev)
+            mem[3].append(f"{len(ev)} ({errors} err, {warns} warn)")
+            mem[4].append(f"{len(run.captures)} ({run.captures.nbytes / 2**20:.0f} MB)")
+        print(fmt_table(["trace"] + header[1:], mem, md))
+        print()
     for c in cfgs:
         if c.watch_kwargs is not None:
             notes.append(f"{c.label}: {call_text(c.watch_kwargs)}")

@@ -25,6 +25,20 @@ def test_overhead_benchmark_runs_in_quick_mode() -> None:
     assert "cpu clock" in out and "neuraldbg default" in out
 
 
+def test_overhead_benchmark_times_only_the_configurations_asked_for() -> None:
+    """`--configs` keeps the control beside the chosen rows (the noise they are read
+    against) and drops the rest; an unknown key is refused with the known ones."""
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp", "--configs",
+               "floor_reduce")
+    assert "floor: gradient read + one min/max per layer output" in out
+    assert "plain vs plain" in out and "neuraldbg default" not in out
+    done = subprocess.run([sys.executable, "benchmarks/overhead.py", "--quick", "--configs",
+                           "nosuch"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode != 0 and "unknown config(s) nosuch" in done.stderr
+    assert "floor_reduce" in done.stderr
+
+
 def test_self_time_benchmark_runs_in_quick_mode_and_charges_every_part() -> None:
     out = _run("benchmarks/self_time.py", "--quick")
     assert "neuraldbg default" in out and "gradients only" in out
