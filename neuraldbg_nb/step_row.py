@@ -34,7 +34,8 @@ def absmax(calls: list[int], mins: list[float], maxs: list[float], n: int,
         a = inf if isnan(lo) or isnan(hi) else max(abs(lo), abs(hi))  # NaN: not finite
         if not out[i] >= a:  # the first call (NaN), or a larger one
             out[i] = a
-    return np.array(out, np.float32)
+    with np.errstate(over="ignore"):  # beyond float32 (a float64 model's 1e211): inf
+        return np.array(out, np.float32)
 
 
 def masking(calls: list[int], mins: list[float], maxs: list[float], first: int) -> set[int]:
@@ -76,7 +77,8 @@ def rich_columns(rich: list[tuple[int, ...]], v: np.ndarray, n: int) -> dict[str
             "dead_frac": np.where(has_dead & (tot[:, 7] > 0), tot[:, 6] / tot[:, 7], np.nan),
             "sat_frac": np.where(has_sat, tot[:, 8] / tot[:, 4], np.nan),
         }
-    return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
+    with np.errstate(over="ignore"):
+        return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
 
 
 def loss(v: np.ndarray, heard: list[int], logged: list[int], logged_host: list[float]) -> float:
@@ -141,9 +143,10 @@ def layer_norms(v: np.ndarray, parts: list[tuple[list[int], list[int]]],
     pos = [p for ps, _ in parts for p in ps]
     bins = np.array([k * n + i for k, (_, idx) in enumerate(parts) for i in idx], np.intp)
     size = len(parts) * n
-    sq = v[np.array(pos, np.intp)] ** 2
-    total = np.bincount(bins, sq, minlength=size)  # NaN in any part stays NaN
-    out = np.sqrt(total)
-    out[np.isnan(out)] = np.inf
-    out[np.bincount(bins, minlength=size) == 0] = np.nan
-    return out.astype(np.float32).reshape(len(parts), n)
+    with np.errstate(over="ignore"):  # beyond float32 (a float64 model's 1e211): inf
+        sq = v[np.array(pos, np.intp)] ** 2
+        total = np.bincount(bins, sq, minlength=size)  # NaN in any part stays NaN
+        out = np.sqrt(total)
+        out[np.isnan(out)] = np.inf
+        out[np.bincount(bins, minlength=size) == 0] = np.nan
+        return out.astype(np.float32).reshape(len(parts), n)

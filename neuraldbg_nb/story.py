@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 MAX_LAYERS_LISTED = 4
 
 SIGNAL_LABELS = {("weights_not_updated", "rounding"): " (half-precision updates round away)",
-                 ("vanishing_gradient", "cut"): " (exactly 0: no part of the loss reaches it)"}
+                 ("vanishing_gradient", "cut"): " (exactly 0: no part of the loss reaches it)",
+                 ("exploding_update", "collapse"): " (weights fell in one update)",
+                 ("exploding_update", "shrink"): " (weights shrinking)"}
 """What a group's line adds to its kind where one kind has several causes."""
 
 
@@ -98,13 +100,19 @@ def _edited(events: list[Event], root: Event, max_update: float) -> list[str]:
     (an `exploding_update` whose own update was small: `updates.findings`): the likely
     cause, said next to it. A transformer's query weights scaled 30x at step 150 were
     the first failure there (its activations jumped), while the edit itself was listed
-    among the symptoms."""
-    edits = [e for e in events if e.kind == "exploding_update" and e.signal == "update"
-             and e.layer == root.layer and e.layer is not None
-             and root.step - 1 <= e.step <= root.step
-             and e.previous < max_update <= e.value]
-    return [f"its weights were changed outside the optimizer ({e.value:.3g}x their size) "
-            f"during step {e.step}: a likely cause" for e in edits]
+    among the symptoms. Weights that lost most of their size in one update (signal
+    "collapse": zeroed or reset in place) are said so too."""
+    near = [e for e in events if e.kind == "exploding_update" and e.layer == root.layer
+            and e.layer is not None and root.step - 1 <= e.step <= root.step
+            and e is not root]
+    lines = [f"its weights were changed outside the optimizer ({e.value:.3g}x their size) "
+             f"during step {e.step}: a likely cause" for e in near
+             if e.signal == "update" and e.previous < max_update <= e.value]
+    lines += [f"its weights lost {1 - e.value / e.previous:.0%} of their size in one update, "
+              f"during step {e.step} ({e.previous:.3g} -> {e.value:.3g}), as if zeroed or "
+              f"reset outside the optimizer: a likely cause" for e in near
+              if e.signal == "collapse" and e.previous > 0]
+    return lines
 
 
 def tell(run: Run) -> str:

@@ -1075,10 +1075,12 @@ def test_a_parameter_of_a_few_numbers_crossing_zero_is_not_an_exploding_update()
     events = detect(trace)[1]
     found = {(e.layer, e.step) for e in of(events, "exploding_update", signal="update")}
     assert found == {("big", 33), ("blown", 50)}
-    # the big layer's fall to a 650th at step 30 is one too (an update ratio can reach
-    # no more than 1 on the way down: `updates.SHRINK`)
-    assert [(e.layer, e.step, e.severity) for e in of(events, "exploding_update",
-                                                      signal="shrink")] == [("big", 30, "warning")]
+    # the big layer's fall to a 650th at step 30 is one too (a difference of norms reads
+    # no more than 1x the weights' size on the way down: `updates.COLLAPSE`), and not
+    # also a slow shrink
+    fell = [(e.layer, e.step, e.severity) for e in of(events, "exploding_update")
+            if e.signal in ("collapse", "shrink")]
+    assert fell == [("big", 30, "error")]
 
 
 @pytest.mark.parametrize("chunk", [1, 7, N])
@@ -1220,3 +1222,55 @@ def test_gradients_carried_over_two_steps_in_a_row_are_the_first_failure():
                        n=k), th) for k in range(2, 25)]
     assert [k - 1 for k, w in zip(range(2, 25), woke) if w == "sudden"] == [21], \
         "a live run scans at once when the second step in a row is carried over"
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_gradient_jump_that_holds_is_found_though_it_raises_its_own_baseline(chunk):
+    # "zeroed": a conv layer whose weights were zeroed at step 30: its gradient, about 0.2
+    # and noisy, read 536, 88, 39 (2300x, 380x, 170x its level): judged against its own
+    # history, step 31's baseline holds step 30's spike, whose spread hid it, and nothing
+    # was said; "spike" jumps for one step only (the batch); "down" jumps 100x and is
+    # 30x above its level the step after: held as info, not as a warning
+    g = noisy(0.2, cols=3, sigma=0.3, seed=5)
+    g[30:34, 0] = [536.0, 88.0, 39.0, 18.0]
+    g[30, 1] = 536.0
+    g[30:32, 2] = [0.2 * 200, 0.2 * 30]
+    layers = [("zeroed", "other"), ("spike", "other"), ("down", "other")]
+    cols = {"grad_norm": g, "act_absmax": noisy(1.0, cols=3), "param_norm": np.ones((N, 3)),
+            "update_ratio": noisy(1e-3, cols=3)}
+    scalars = {"loss": noisy(1.0, seed=3)[:, 0]}
+    _, events = detect(build(layers, cols, scalars))
+    found = [(e.layer, e.step, e.severity) for e in of(events, "regime_shift", signal="gradient")]
+    assert found == [("zeroed", 30, "warning")]
+    assert "jumped" in of(events, "regime_shift", "zeroed")[0].message
+    _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_weights_that_fall_in_one_update_are_a_collapse(chunk):
+    # "zeroed": weights zeroed in place, the bias kept (1.76 -> 0.616, 2.9x: a warning);
+    # "reset": 2.06 -> 0.175 (12x: an error, not also a slow shrink); "decay": halved by
+    # each update, 1.997x (a weight decay far too strong: the shrink rule's, later);
+    # "gains": LayerScale-sized weights that each update moves by the learning rate
+    n = N
+    w = np.ones((n, 4)) * [1.76, 2.06, 6.17, 2e-3]
+    w[30:, 0] = 0.616
+    w[30:, 1] = 0.175
+    w[20:, 2] = 6.17 / 1.997 ** np.arange(1, n - 19)
+    w[30:, 3] = 0.9e-3
+    layers = [("zeroed", "other", True, 80), ("reset", "other", True, 198),
+              ("decay", "other", True, 4096), ("gains", "other", True, 64)]
+    cols = {"grad_norm": noisy(1e-2, cols=4), "act_absmax": noisy(1.0, cols=4),
+            "param_norm": w, "update_ratio": np.full((n, 4), np.nan)}
+    scalars = {"loss": noisy(1.0, seed=3)[:, 0], "lr": np.full(n, 1e-3)}
+    _, events = detect(build(layers, cols, scalars))
+    fell = [(e.layer, e.step, e.severity) for e in of(events, "exploding_update",
+                                                        signal="collapse")]
+    assert fell == [("zeroed", 30, "warning"), ("reset", 30, "error")]
+    assert "lost 65% of their size during step 30 (1.76 -> 0.616)" in of(
+        events, "exploding_update", "zeroed")[0].message
+    shrink = [(e.layer, e.severity) for e in of(events, "exploding_update", signal="shrink")]
+    assert shrink == [("decay", "warning")]
+    _, det, _ = _live(layers, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]

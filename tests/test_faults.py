@@ -520,3 +520,31 @@ def test_a_weight_decay_set_far_too_strong_is_the_weights_shrinking():
     assert shrink and {e.severity for e in shrink} == {"warning"}
     assert all(S <= e.step <= S + 4 for e in shrink), [str(e) for e in shrink]
     assert setup.layers["mid"] in {e.layer for e in shrink}
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_weights_zeroed_in_place_with_their_bias_kept_are_the_first_failure(arch):
+    """A layer's weights zeroed between two steps, its bias kept (a bad checkpoint merge,
+    a pruning bug): its output is the bias alone. The norm's fall in one update is below
+    any growth line (a difference of norms reads at most 1x the weights' size), and the
+    run had warnings and no first failure (the next layer's activations collapsing). A fall
+    of 5x or more is an error and the layer's own change."""
+    setup = FACTORIES[arch]()
+    layer = setup.layers["mid"]
+
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).zero_()
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS, on_step_start=hit)
+    early = [str(e) for e in run.events if e.severity != "info" and e.step < S]
+    assert not early, early
+    ff = run.first_failure
+    assert ff is not None and (ff.layer, ff.step) == (layer, S), str(run)
+    if arch == "mlp":  # 4.38 -> 0.808; the next layer's activations collapsed 29x
+        assert (ff.signal, ff.severity) == ("collapse", "error"), str(run)
+        assert f"weights lost 82% of their size during step {S}" in ff.message
+    else:  # behind a BatchNorm: a gradient that blows up, and an update 274x the weights
+        assert ff.kind == "regime_shift", str(run)

@@ -6,13 +6,15 @@ before, and the rich statistics taken in batches."""
 from __future__ import annotations
 
 import math
+import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import neuraldbg_nb as ndbg
-from neuraldbg_nb import batch_summary, stats
+from neuraldbg_nb import batch_summary, stats, step_row
 
 
 def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
@@ -366,3 +368,14 @@ def test_the_input_fingerprints_weights_have_no_pattern_that_cancels() -> None:
         x = torch.nn.functional.one_hot(s, 6).float().view(-1)
         prints.setdefault(float(batch_summary._weighed(x, ramps)), set()).add(tuple(s.tolist()))
     assert all(len(batches) == 1 for batches in prints.values())
+
+
+def test_values_beyond_float32_become_inf_in_the_row_without_a_numpy_warning():
+    """A float64 model diverging to 1e211 (the trace's columns are float32): numpy's
+    "overflow encountered in cast" reached the user's output at every step."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        row = step_row.absmax([0, 1], [-1.0, -8.9e211], [2.0, 3.0], 2)
+        norms = step_row.layer_norms(np.array([3.0, 1e211]), [([0, 1], [0, 1])], 2)
+    assert row.tolist() == [2.0, math.inf]
+    assert norms[0].tolist() == [3.0, math.inf]

@@ -10,7 +10,10 @@ deepest layer, where backward starts). The loss comes before the update because 
 computes it first: a loss that is infinite at a step makes that step's update
 non-finite, and an update's effect on the loss shows only at the next step. A non-finite
 update of a layer whose gradient was non-finite at that step only carried the gradient
-into the weights: it counts as the gradient (`_ranker`).
+into the weights: it counts as the gradient (`_ranker`). Weights that lost most of their
+size in one update (signal "collapse": zeroed or reset in place, which no optimizer's
+update does) changed before the step's forward: they count as that layer's own change,
+in forward order with the activations.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ _ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
 def _rank(e: Event) -> int:
     if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated"):
         return 0
-    if e.kind in _ACTIVATION and e.signal == "activation":
+    if (e.kind in _ACTIVATION and e.signal == "activation") or e.signal == "collapse":
         return 1
     if e.kind.startswith("loss_"):
         return 2

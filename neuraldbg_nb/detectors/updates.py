@@ -14,7 +14,7 @@ import numpy as np
 
 from ..thresholds import Thresholds
 from ..trace import WEIGHT_PROBE, Trace
-from ._baseline import lagged
+from ._baseline import lagged, within
 from ._scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .regime import few
 
@@ -141,12 +141,50 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
             text += f" (learning rate {fmt(lr_at[row])})"
         return text
 
+    fell = _collapsed(after, before, judged & ~blown & ~_lr_sized(trace, step_rms, lr_at),
+                      trace)
+    # a fall in one update is not also a slow shrink over the updates around it
+    gradual = judged & ~within(fell.codes >= WARNING, SHRINK_UPDATES)
     value = np.where(blown, np.inf, change)
     # `previous` carries the optimizer's own update size where it was measured (sampled
     # steps), so the sentence can tell an optimizer blow-up from weights edited in place
     return [Finding("exploding_update", "update", codes, value, previous=ratio,
                     message=message, step_offset=-1),
-            _shrinking(w, judged, trace)]
+            _shrinking(w, gradual, trace), fell]
+
+
+COLLAPSE = 2.5
+"""Weights whose norm fell this many times in one update are a warning, and from
+`COLLAPSE_ERROR` an error (signal "collapse", ranked as the layer's own change by
+`rootcause`): a layer's weights zeroed or reset in place between two steps. A difference
+of norms can show a growth of any size (the rule above) but a fall of at most 1x the
+weights' size, below `max_update`: a conv layer whose weights were zeroed (its bias kept)
+read 1.76 -> 0.616, and nothing named it. An optimizer's update does not take 60% off a
+layer's weights: even a weight decay 500x too strong took 6.17 to 3.09 (`_shrinking`
+finds it). Not judged where the update moved each element by no more than the learning
+rate (`_lr_sized`): gains of LayerScale's size (1e-3) cross zero under Adam's steps."""
+COLLAPSE_ERROR = 5.0
+"""From this fall on, a collapse is an error: the weights lost 80% of their norm, so they
+moved by at least 0.8 of their size, next to `max_update`'s line for an update."""
+
+
+def _collapsed(after: np.ndarray, before: np.ndarray, judged: np.ndarray,
+               trace: Trace) -> Finding:
+    """Weights whose norm fell `COLLAPSE`-fold or more in one update (see there)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fall = np.where(np.isfinite(after) & (after >= 0), before / after, np.nan)
+    codes = grade(judged & ~np.isnan(fall), (fall >= COLLAPSE, WARNING),
+                  (fall >= COLLAPSE_ERROR, ERROR))
+    codes[:, few(trace, "params")] = HOLD
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        lost = 1 - v / p if p > 0 else 1.0
+        return (f"{name}: weights lost {lost:.0%} of their size during step {s} "
+                f"({fmt(p)} -> {fmt(v)}): zeroed or reset in place, outside the optimizer, "
+                f"or an update that overshot")
+
+    return Finding("exploding_update", "collapse", codes, after, previous=before,
+                   message=message, step_offset=-1)
 
 
 SHRINK = 10.0
