@@ -65,13 +65,15 @@ def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
 
 def held_jumps(values: np.ndarray, codes: np.ndarray, level: np.ndarray, th: Thresholds,
                rows: int) -> None:
-    """Mark, in place, the `rows` steps after a quiet signal's jump where it still stands
-    `jump` or more beyond the level it jumped from, in the same direction, as the jump is
-    (at most as severe), so that the jump holds for a patience of `rows` + 1. Judged
-    against its own recent history, the step after a jump sees a baseline that holds the
-    jump itself, whose spread then hides it: a conv layer's gradient, 0.2 for 20 steps,
-    read 536, 88 and 39 after its weights were zeroed (2300x, 380x, 170x its level), and
-    only the first step stood out. Causal: a step reads the step before it."""
+    """Extend a quiet signal's jumps (graded as `shift_codes` does for gradients) to the
+    `rows` steps after them, in place: each such step whose value still stands `jump` or
+    more beyond the level the jump came from, in the same direction, gets the jump's code
+    (or a milder one, by its own size) and level, so a jump that holds meets a patience of
+    `rows` + 1. Judged against its own recent history instead, the step after a jump has
+    a baseline holding the jump itself, whose spread hides it: a conv layer's gradient,
+    0.2 for 20 steps, read 536, 88 and 39 after its weights were zeroed (2300x, 380x,
+    170x its level), and only the first step stood out. Causal: a step reads the one
+    before it."""
     if th.jump <= 1:  # every judged step is listed already (`shift_codes`)
         return
     lo_line, hi_line = np.log10(th.jump), np.log10(max(th.jump, th.jump_error))
