@@ -4,12 +4,15 @@
     python benchmarks/compare.py --base /tmp/base --models mlp,cnn-cl --threads 1 --clock cpu
 
 The package of the checkout at `--base` is imported under another name beside this
-checkout's, and each model is trained in three copies (plain, base-watched, this-watched).
-A round times blocks of `--steps` steps in the order plain, A, B, B, A, plain, where A and
-B are the two versions, swapped every other round; a version's ratio is its two blocks
-over the round's two plain blocks, and the table gives the median over the rounds. Runs of
-`overhead.py` minutes apart differ by 0.03-0.05 on this machine, more than most single
-changes move them; here both versions share every round's plain time and machine state.
+checkout's, and each version trains a copy of the model of its own. A round times each
+version as a quad of `--steps`-step blocks on its copy (plain, watched, watched, plain),
+the two versions in an order swapped every other round; a version's ratio is its two
+watched blocks over its two plain blocks, and the table gives the median over the rounds.
+Each version's plain blocks train its own copy: two copies made alike train up to 3%
+apart (until session 19 both versions shared one plain copy, and their difference
+carried their copies' gap). Runs of `overhead.py` minutes apart differ by 0.03-0.05 on
+this machine, more than most single changes move them; here both versions are timed in
+the same rounds.
 Compare a checkout with itself first (`--base .`) to see what noise looks like: on the
 CNN, 16 rounds of identical code gave a median difference of +0.024.
 """
@@ -51,7 +54,8 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
             ) -> tuple[str, dict[str, list[float]]]:
     """The model's title and, per version, the ratio of each round (see the module
     docstring)."""
-    plain = ob.fresh(key)
+    # each version trains a copy of its own, and its plain blocks train that same copy:
+    # two copies made alike train up to 3% apart (`overhead.main`)
     runs = {}
     for name, package in versions.items():
         b = ob.fresh(key)
@@ -65,20 +69,18 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
                 ob.step(b)
         return clock() - start
 
-    block(plain, None, warmup)
     for b, w in runs.values():
+        block(b, None, warmup)
         block(b, w, warmup)
     names = list(runs)
     ratios: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        a, b = names if r % 2 == 0 else names[::-1]
-        p1 = block(plain, None)
-        a1, b1, b2, a2 = (block(*runs[a]), block(*runs[b]), block(*runs[b]), block(*runs[a]))
-        base = p1 + block(plain, None)
-        ratios[a].append((a1 + a2) / base)
-        ratios[b].append((b1 + b2) / base)
+        for name in (names if r % 2 == 0 else names[::-1]):
+            b, w = runs[name]
+            p1, m1, m2, p2 = block(b, None), block(b, w), block(b, w), block(b, None)
+            ratios[name].append((m1 + m2) / (p1 + p2))
         print(f"  {key}: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-    return plain.title, ratios
+    return next(iter(runs.values()))[0].title, ratios
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     kw: dict[str, object] = {"activations": False} if args.gradients_only else {}
     ob.print_header("benchmarks/compare.py", argv)
     print(f"base: {args.base} (sources sha1 {ob.source_digest(base)})")
-    print(f"{args.rounds} rounds of {args.steps}-step blocks (plain, A, B, B, A, plain; A and "
-          f"B swapped every other round); {ob.call_text(kw)}; {args.clock} clock\n")
+    print(f"{args.rounds} rounds; per version a quad of {args.steps}-step blocks on its own copy "
+          f"(plain, watched, watched, plain), the versions' order swapped every other round; "
+          f"{ob.call_text(kw)}; {args.clock} clock\n")
     rows = []
     for key in keys:
         title, got = compare(key, versions, args.rounds, args.steps, args.warmup, kw,
