@@ -10,10 +10,10 @@ model (the same weights, batches and AdamW optimizer), so that no run sees anoth
 loop's updates and every copy stays in the same early, healthy stretch of training (with
 one model shared by all the loops, the MLP's middle layers died after about 1,200 steps
 of them together, and the default watch then timed its own error events and captures).
-Its plain blocks train that same copy (see `main`: two copies made alike train at
-speeds up to 3% apart). Each round times every
-configuration once, in an order rotated from round to round, as a quad of
-`--steps`-step blocks: plain, configuration, configuration, plain. The round's ratio for
+Its plain blocks train that same copy (see `main`: two copies made alike train at speeds
+up to 3% apart). Each round times every configuration once, in an order rotated from
+round to round, as a quad of `--steps`-step blocks: plain, configuration,
+configuration, plain. The round's ratio for
 that configuration is its two blocks' time over the two plain blocks around them
 (paired: a slow minute of the shared machine hits both sides of the ratio, where an
 unpaired ratio of medians takes it whole), and the ratio printed is the median over
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {','.join(MODELS)} "
                          f"(default: {','.join(DEFAULT_MODELS)})")
     ap.add_argument("--configs", help="comma-separated configuration keys to time (default: "
-                                      "all); 'control' and the plain copies always run")
+                                      "all); 'control', the noise floor, always runs")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 12, quick 2)")
     ap.add_argument("--steps", type=int, help="steps per timed block (default 5, quick 2); a "
                                                "round times 4 blocks per config")
