@@ -1229,13 +1229,14 @@ def test_a_gradient_jump_that_holds_is_found_though_it_raises_its_own_baseline(c
     # "zeroed": a conv layer whose weights were zeroed at step 30: its gradient, about 0.2
     # and noisy, read 536, 88, 39 (2300x, 380x, 170x its level): judged against its own
     # history, step 31's baseline holds step 30's spike, whose spread hid it, and nothing
-    # was said; "spike" jumps for one step only (the batch); "down" jumps 100x and is
-    # 30x above its level the step after: held as info, not as a warning
+    # was said; "spike" jumps for one step only (the batch); "jump" jumps 200x and is
+    # 30x above its level the step after: the warning does not hold, and an info that
+    # starts a step later does not either
     g = noisy(0.2, cols=3, sigma=0.3, seed=5)
     g[30:34, 0] = [536.0, 88.0, 39.0, 18.0]
     g[30, 1] = 536.0
     g[30:32, 2] = [0.2 * 200, 0.2 * 30]
-    layers = [("zeroed", "other"), ("spike", "other"), ("down", "other")]
+    layers = [("zeroed", "other"), ("spike", "other"), ("jump", "other")]
     cols = {"grad_norm": g, "act_absmax": noisy(1.0, cols=3), "param_norm": np.ones((N, 3)),
             "update_ratio": noisy(1e-3, cols=3)}
     scalars = {"loss": noisy(1.0, seed=3)[:, 0]}
