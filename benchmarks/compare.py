@@ -80,7 +80,7 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
             p1, m1, m2, p2 = block(b, None), block(b, w), block(b, w), block(b, None)
             ratios[name].append((m1 + m2) / (p1 + p2))
         print(f"  {key}: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
-    return next(iter(runs.values()))[0].title, ratios
+    return runs[names[0]][0].title, ratios
 
 
 def main(argv: list[str] | None = None) -> int:

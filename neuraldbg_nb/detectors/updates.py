@@ -113,7 +113,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         # before the run's first update no norm is read: at least after / (1 + ratio)
         step_rms = change * np.where(np.isnan(before), after / (1 + ratio), before) \
             / np.sqrt(size)[None, :]
-    mild = early & ~blown & (change < LR_SIZED * th.max_update) & _lr_sized(trace, step_rms, lr_at)
+    lr_sized = _lr_sized(trace, step_rms, lr_at)
+    mild = early & ~blown & (change < LR_SIZED * th.max_update) & lr_sized
     codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     codes[mild & (codes == ERROR)] = WARNING
     first = lo
@@ -141,8 +142,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
             text += f" (learning rate {fmt(lr_at[row])})"
         return text
 
-    fell = _collapsed(after, before, judged & ~blown & ~_lr_sized(trace, step_rms, lr_at),
-                      trace)
+    fell = _collapsed(after, before, judged & ~blown & ~lr_sized, trace)
     # a fall in one update is not also a slow shrink over the updates around it
     gradual = judged & ~within(fell.codes >= WARNING, SHRINK_UPDATES)
     value = np.where(blown, np.inf, change)
