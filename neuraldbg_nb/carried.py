@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import weakref
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -68,7 +67,7 @@ class CarryCheck:
             (weakref.ref(p), weakref.ref(opt) if opt is not None else None)
         return p
 
-    def judge(self, p: nn.Parameter | None, v: np.ndarray, backwards: int) -> float:
+    def judge(self, p: nn.Parameter | None, v: list[float], backwards: int) -> float:
         """At the step boundary, after the transfer `v`: 1.0 where the step's gradients
         still hold the last step's (`p`'s gradient is the tensor read at the last
         boundary, and every one of the step's `backwards` started on it while it still

@@ -622,10 +622,10 @@ class Probe:
                 lr_pos = sc.add(lr.detach())
             else:
                 lr_host = float(lr)
-        device, t_x = sc.on_device, _clock()
+        t_x = _clock()
         v = sc.to_host()  # the step's one device-to-host transfer
-        if device:  # it waited for the device work queued before it, mostly the training's:
-            self._other_s -= _clock() - t_x  # not the engine's time (see `selfcost`)
+        if sc.from_device:  # it waited for the device work queued before it, mostly the
+            self._other_s -= _clock() - t_x  # training's: not the engine's time (`selfcost`)
 
         step = self.trace.n_steps
         n = self.trace.n_layers
@@ -633,8 +633,7 @@ class Probe:
         mins, maxs = self._c_mn, self._c_mx  # reset with the step: filled in place
         if self._c_dev:
             k = len(self._c_dev)
-            for j, lo, hi in zip(self._c_dev, v[p_mn:p_mn + k].tolist(),
-                                 v[p_mx:p_mx + k].tolist()):
+            for j, lo, hi in zip(self._c_dev, v[p_mn:p_mn + k], v[p_mx:p_mx + k]):
                 mins[j], maxs[j] = lo, hi
         if n > self._called:  # layers first called in this step: a mask of -inf by design?
             self._masks |= step_row.masking(self._c_idx, mins, maxs, self._called)

@@ -212,8 +212,7 @@ class Trace:
             raise IndexError(f"step {step} is not in the exact tail "
                              f"[{self._off}, {self.n_steps})")
         row = self._layer_cols[column][step - self._off]
-        keep = ~np.isnan(values)
-        row[: len(values)][keep] = values[keep]
+        np.copyto(row[: len(values)], values, where=~np.isnan(values))
         self._version += 1
 
     def _grow(self) -> None:

@@ -125,7 +125,7 @@ class WeightProbe:
         moved, moved_idx, before, before_idx = self._update
         return [self._post, (moved, moved_idx), (before, before_idx)]
 
-    def record(self, trace: Trace, step: int, norms: np.ndarray, v: np.ndarray) -> None:
+    def record(self, trace: Trace, step: int, norms: np.ndarray, v: list[float]) -> None:
         """Write the last update's numbers into row `step` (the step it ended): `norms`
         are the per-layer norms of `parts`, in their order, and `v` the transfer they
         came in (`step` -1: the first step, which no update ended). Nothing is then

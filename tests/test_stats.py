@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -32,12 +31,37 @@ def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
     sc = stats.Scalars()
     sc.add(torch.tensor(7.0))  # positions count from what the step holds already
     pos = stats.grouped_norms(tensors, sc)
-    got = sc.to_host()[pos]
+    v = sc.to_host()
+    got = [v[p] for p in pos]
     want = [torch.linalg.vector_norm(t.to_dense().double()).item() for t in tensors]
     assert got[-2] == math.inf and math.isnan(got[-1])
     for a, b in zip(got[:-2], want[:-2]):
         assert math.isclose(a, b, rel_tol=2e-3), (a, b)
 
+
+
+def test_the_transfer_keeps_the_order_of_values_of_mixed_dtypes() -> None:
+    """A sampled step queues float32 statistics between integer counts (and float64 ones
+    for a float64 model): the transfer joins them by dtype, and each value must come back
+    at the position it was queued at, exactly (a count above 2**24 included)."""
+    sc = stats.Scalars()
+    big = 2 ** 24 + 1  # a count float32 would round
+    queued = [
+        (sc.add(torch.tensor(1.5)), 1.5),
+        (sc.add_row(torch.tensor([3, big], dtype=torch.int64)), [3.0, float(big)]),
+        (sc.extend([torch.tensor(0.25), torch.tensor(-2.0)]), [0.25, -2.0]),
+        (sc.add(torch.tensor(1e200, dtype=torch.float64)), 1e200),
+        (sc.add(torch.tensor(7, dtype=torch.int64)), 7.0),
+        (sc.add(torch.tensor(math.nan)), math.nan),
+    ]
+    want: list[float] = []
+    for _, x in queued:
+        want += x if isinstance(x, list) else [x]
+    assert [start for start, _ in queued] == [0, 1, 3, 5, 6, 7]
+    got = sc.to_host()
+    assert len(got) == len(want) == 8
+    assert got[:7] == want[:7] and math.isnan(got[7]), got
+    assert not sc.from_device and len(sc) == 0  # emptied for the next step
 
 def test_the_weight_probe_follows_every_update_of_a_channels_last_model() -> None:
     """The probe's slices are views kept from step to step: a copy taken by mistake (a
@@ -376,6 +400,6 @@ def test_values_beyond_float32_become_inf_in_the_row_without_a_numpy_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         row = step_row.absmax([0, 1], [-1.0, -8.9e211], [2.0, 3.0], 2)
-        norms = step_row.layer_norms(np.array([3.0, 1e211]), [([0, 1], [0, 1])], 2)
+        norms = step_row.layer_norms([3.0, 1e211], [([0, 1], [0, 1])], 2)
     assert row.tolist() == [2.0, math.inf]
     assert norms[0].tolist() == [3.0, math.inf]
