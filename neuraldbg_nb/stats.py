@@ -35,7 +35,7 @@ class Scalars:
         device work queued before it, mostly the training's (`selfcost`)."""
 
     def add(self, t: torch.Tensor) -> int:
-        """One value (a 0-d or one-element tensor); its position in `to_host`'s array."""
+        """One value (a 0-d or one-element tensor); its position in `to_host`'s list."""
         self._chunks.append((self._n, t.reshape(1)))
         self._n += 1
         return self._n - 1

@@ -39,7 +39,6 @@ def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
         assert math.isclose(a, b, rel_tol=2e-3), (a, b)
 
 
-
 def test_the_transfer_keeps_the_order_of_values_of_mixed_dtypes() -> None:
     """A sampled step queues float32 statistics between integer counts (and float64 ones
     for a float64 model): the transfer joins them by dtype, and each value must come back
