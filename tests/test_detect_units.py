@@ -416,6 +416,11 @@ def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
     assert not woke("act_absmax", 2.0 / 3.1) and woke("act_absmax", 2.0 / 3.2)
     assert woke("act_absmax", 0.0) and woke("act_absmax", math.inf)
     assert not woke("act_absmax", math.nan), "NaN in the trace: not measured (non-finite is inf)"
+    # moves from and to zero and inf, read as numpy divides (x / 0 = inf, 0 / 0 = NaN)
+    assert woke("act_absmax", 1.0, before=0.0) and not woke("act_absmax", 0.0, before=0.0)
+    assert woke("act_absmax", math.inf, before=math.nan), "a layer first measured non-finite"
+    assert woke("act_absmax", 2.0, before=math.inf) and not woke("act_absmax", math.inf,
+                                                                 before=math.inf)
     assert not woke("grad_norm", 0.1 * 9.0) and woke("grad_norm", 0.1 * 11.0)
     assert woke("grad_norm", 5e-7, before=2e-6), "crossing the vanish line"
     assert not woke("grad_norm", 5e-7, before=8e-7), "already below it"
