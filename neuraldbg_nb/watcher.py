@@ -21,7 +21,15 @@ import torch
 from torch import nn
 
 from .capture import EVENT, REFERENCE, CaptureStore, is_reference_step
-from .detectors import Detection, SampledWake, history_rows, wake
+from .detectors import (
+    GRADIENT_PATIENCE,
+    Detection,
+    SampledWake,
+    history_rows,
+    jump_held,
+    rise_held,
+    wake,
+)
 from .probe import Probe, StepRecord
 from .run import Run, TrainingFailure
 from .selfcost import SelfCost
@@ -254,8 +262,10 @@ class ScanSchedule:
     """When the live run scans for events: at once when the newest step looks like the
     start of a sudden one (`wake`), `patience` steps later where it looks like the start
     of a slow one (reported only once it has held that long: a scan before would find
-    nothing), else in batches sized so that scanning costs about `BUDGET` of the
-    training time, and at least every `MAX_LATENCY` seconds. Batching
+    nothing), and for a rise of the loss or a gradient's jump only if it held
+    (`rise_held`, `jump_held`: near a perfect fit both swing from batch to batch, and
+    each swing cost a scan), else in batches sized so that scanning costs about `BUDGET`
+    of the training time, and at least every `MAX_LATENCY` seconds. Batching
     changes when events are found, never which (the scan is chunk-invariant), so
     `stop_on` stops at the step of a sudden failure and soon after a slow one. A scan
     costs about 3 ms however few its new steps (the detectors' fixed numpy work), so a
@@ -268,7 +278,9 @@ class ScanSchedule:
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
         self.interval = 1
-        self._confirm: set[int] = set()
+        # steps to scan at: (the step whose gradient jump, or loss rise, to confirm
+        # there), or None: scan regardless
+        self._confirm: dict[int, tuple[int, int] | None] = {}
         self._sampled_wake = SampledWake()
         self._step_time = 0.0  # an average of the step's wall time; 0 until measured
         self._last_step: float | None = None
@@ -278,15 +290,33 @@ class ScanSchedule:
         now = time.perf_counter()
         self._time_step(now)
         step = trace.n_steps - 1
-        woke = wake(trace, self.thresholds)
-        slow = self._sampled_wake(trace, self.thresholds) or woke == "slow"
-        if slow:  # reported once it has held for `patience` steps: look then
-            self._confirm.add(step + self.thresholds.patience)
+        th = self.thresholds
+        woke = wake(trace, th)
+        if self._sampled_wake(trace, th) or "slow" in woke:
+            self._confirm[step + th.patience] = None
+        if "rise" in woke:
+            self._held(step + th.patience, step, -1)
+        if "jump" in woke:
+            self._held(step + GRADIENT_PATIENCE - 1, -1, step)
         confirm = step in self._confirm
-        self._confirm = {s for s in self._confirm if s > step}
+        if confirm and (held := self._confirm[step]) is not None:
+            risen, jumped = held
+            confirm = ((risen >= 0 and rise_held(trace, th, risen))
+                       or (jumped >= 0 and jump_held(trace, th, jumped)))
+        self._confirm = {s: h for s, h in self._confirm.items() if s > step}
         pending = trace.n_steps - detection.steps_done
-        return pending > 0 and (woke == "sudden" or confirm or pending >= self.interval
+        return pending > 0 and ("sudden" in woke or confirm or pending >= self.interval
                                 or now - self._last_scan >= self.MAX_LATENCY)
+
+    def _held(self, at: int, risen: int, jumped: int) -> None:
+        """Scan at step `at` if the loss's rise at step `risen`, or the gradient's jump at
+        step `jumped` (-1: none), held until then; a scan there regardless stays so."""
+        if at in self._confirm:
+            held = self._confirm[at]
+            if held is None:
+                return
+            risen, jumped = max(risen, held[0]), max(jumped, held[1])
+        self._confirm[at] = (risen, jumped)
 
     def _time_step(self, now: float) -> None:
         """Follow the step time from one step's end to the next. A pause between two

@@ -1230,17 +1230,22 @@ def nb06() -> list[NotebookNode]:
         '''),
         md('''
             No NaN this time, but the network trained well for a while and then broke: the
-            first failure is **one layer whose activations jumped twenty-fold or more in one
-            step**, long after the start. (Which layer goes first depends on the machine's
-            rounding: `conv2` on one, `fc1` on another; the story that follows is the same.)
-            After it the training falls apart, and the network ends at chance.
+            first failure is **one layer, long after the start: its activations jumped
+            twenty-fold or more in one step**, or half of the units of the ReLU after it
+            died a few steps before. (Which layer, and which of the two, depends on the
+            machine's rounding: `conv2`'s or `fc1`'s jump on some, `relu3`'s dead units on
+            another, with `fc1`'s jump five steps later; the story that follows is the
+            same.) After it the training falls apart, and the network ends at chance.
 
             **Step 1: open the tensors at the first failure**, and compare them with the
             last healthy capture of the same layer (the panel's inspector shows the same
-            side by side):
+            side by side). A ReLU has no weights of its own: where the first failure is
+            one, open the layer that feeds it.
         '''),
         code('''
-            cap = run2.inspect(run2.first_failure)
+            first = run2.first_failure
+            feeds = {"relu1": "conv1", "relu2": "conv2", "relu3": "fc1"}
+            cap = run2.inspect(feeds.get(first.layer, first.layer), first.step)  # the nearest
             ref = run2.last_healthy(cap)
             print(f"{cap.layer}, step {ref.step} (healthy) -> step {cap.step} (first failure)")
             for name in ("input", "output", "weight", "grad"):
@@ -1310,8 +1315,9 @@ def nb06() -> list[NotebookNode]:
             assert torch.isnan(run1.inspect(f1)["batch"]).any(dim=0)[0].nonzero().tolist() == \\
                 (pixel_std == 0)[0].nonzero().tolist()
             f2 = run2.first_failure
-            assert f2 is not None and f2.kind == "regime_shift" and f2.signal == "activation", f2
-            assert f2.layer in {"conv1", "conv2", "fc1", "fc2"} and f2.step > 50, f2
+            assert f2 is not None and f2.signal == "activation" and f2.step > 50, f2
+            assert f2.kind == "regime_shift" and f2.layer in {"conv1", "conv2", "fc1", "fc2"} \\
+                or f2.kind == "dead_units" and f2.layer in {"relu1", "relu2", "relu3"}, f2
             assert cap["weight"].norm() > 1.2 * ref["weight"].norm(), "the weights grew"
             assert run2.trace.scalar("lr")[f2.step] > 5 * 0.02
             assert run2_acc < 0.3, run2_acc

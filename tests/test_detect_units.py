@@ -5,6 +5,7 @@ the events of a one-go `detect(trace)`."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -15,16 +16,20 @@ from models import mlp, train
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.capture import CaptureStore
 from neuraldbg_nb.detectors import (
+    GRADIENT_PATIENCE,
     BaselineCache,
     Detection,
     SampledWake,
     _baseline,
     detect,
     first_failure,
+    jump_held,
+    rise_held,
     wake,
 )
 from neuraldbg_nb.detectors._scan import HOLD, OK, WARNING, last_ok_rows
 from neuraldbg_nb.trace import LAYER_COLUMNS, Trace
+from neuraldbg_nb.watcher import ScanSchedule
 
 N = 60
 
@@ -399,7 +404,7 @@ def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
     base = {"act_absmax": 2.0, "param_norm": 5.0, "grad_norm": 0.1}
     scal = {"loss": 1.0, "in_absmax": 3.0, "in_nonfinite": 0.0}
 
-    def woke(col: str, value: float, before: float | None = None) -> str:
+    def woke(col: str, value: float, before: float | None = None) -> frozenset[str]:
         cols = {c: np.full((3, 2), v) for c, v in base.items()}
         cols["param_norm"][2] = np.nan  # set when the next step closes
         scalars = {c: np.full(3, v) for c, v in scal.items()}
@@ -433,10 +438,80 @@ def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
     assert woke("in_nonfinite", 7.0) and not woke("in_nonfinite", 7.0, before=3.0)
     assert woke("in_absmax", 0.0), "an all-zero batch"
     # a sudden event is scanned for at once; a slow one (reported once it has held) also
-    # `patience` steps later
-    assert woke("act_absmax", 0.0) == woke("param_norm", math.inf) == "sudden"
-    assert woke("grad_norm", 2e3, before=9e2) == woke("loss", math.inf) == "sudden"
-    assert woke("grad_norm", 5e-7, before=2e-6) == woke("loss", 3.2) == "slow"
+    # `patience` steps later; a gradient's jump and the loss's rise, if they held
+    assert woke("act_absmax", 0.0) == woke("param_norm", math.inf) == {"sudden"}
+    assert woke("grad_norm", 2e3, before=9e2) == woke("loss", math.inf) == {"sudden"}
+    assert woke("grad_norm", 5e-7, before=2e-6) == {"slow"}
+    assert woke("grad_norm", 0.1 * 11.0) == {"jump"} and woke("loss", 3.2) == {"rise"}
+
+
+def _blips(seed: int, n: int = 70) -> tuple[np.ndarray, np.ndarray]:
+    """A loss near its minimum and two layers' gradients, noisy, with jumps of 3-60x
+    (up, and for gradients also down) that last 1-3 steps: what a run that has nearly
+    fitted its data looks like, and now and then a jump that holds long enough to be
+    reported."""
+    rng = np.random.default_rng(seed)
+    loss = 0.01 * np.exp(0.3 * rng.standard_normal(n))
+    grad = 0.1 * np.exp(0.3 * rng.standard_normal((n, 2)))
+    for _ in range(6):
+        at, length, factor = int(rng.integers(25, n - 4)), int(rng.integers(1, 4)), \
+            float(rng.uniform(3.0, 60.0))
+        loss[at:at + length] *= factor
+        col = int(rng.integers(0, 2))
+        grad[at:at + length, col] *= factor if rng.random() < 0.7 else 1 / factor
+    return loss, grad
+
+
+def test_a_rise_or_jump_whose_scan_is_skipped_is_one_no_scan_would_report() -> None:
+    """The live run scans again where the loss rose (`patience` steps later) or a gradient
+    jumped (`GRADIENT_PATIENCE` - 1 steps later) only if it held (`rise_held`,
+    `jump_held`). Those tests may let a scan be skipped only where it would have found
+    nothing: on traces with jumps that last 1-3 steps, wherever a scan at the confirming
+    step reports a loss divergence or a gradient regime shift that began at the woken
+    step, the test said it held. And they do skip the blips."""
+    th = ndbg.Thresholds()
+    layers = [("a", "other"), ("b", "other")]
+    said = {"rise": [], "jump": []}
+    for seed in range(12):
+        loss, grad = _blips(seed)
+        n = len(loss)
+        cols, scalars = {"grad_norm": grad, "act_absmax": np.ones((n, 2))}, {"loss": loss}
+        prefix = functools.partial(build, layers, cols, scalars)  # prefix(n=k): k steps
+        for s in range(th.window, n - th.patience):
+            woke = wake(prefix(n=s + 1), th)
+            for reason, later, held, kind, signal in (
+                    ("rise", th.patience, rise_held, "loss_divergence", "loss"),
+                    ("jump", GRADIENT_PATIENCE - 1, jump_held, "regime_shift", "gradient")):
+                if reason not in woke:
+                    continue
+                trace = prefix(n=s + later + 1)
+                _, events = detect(trace, th)
+                reported = any(e.step == s for e in of(events, kind, signal=signal))
+                answer = held(trace, th, s)
+                assert answer or not reported, (seed, s, reason)
+                said[reason].append((answer, reported))
+    for reason, answers in said.items():
+        assert any(r for _, r in answers), f"{reason}: some held and were reported"
+        assert sum(not a for a, _ in answers) >= len(answers) // 3, \
+            f"{reason}: the blips that fell back at once are skipped"
+
+
+def test_the_scan_schedule_confirms_a_rise_that_held_and_not_a_blip() -> None:
+    """A loss 20x up for one step wakes no second scan `patience` steps later; one that
+    stays up does, at that step (its divergence is reported there)."""
+    th = ndbg.Thresholds()
+    for length, scans_then in ((1, False), (5, True)):
+        loss = np.full(40, 0.5)
+        loss[30:30 + length] = 10.0
+        cols = {"grad_norm": np.full((40, 1), 0.1), "act_absmax": np.ones((40, 1))}
+        schedule, det = ScanSchedule(th), Detection(th)
+        schedule.interval = 1000  # no batch scan: only the schedule's reasons count
+        due = {}
+        for k in range(1, 40):
+            det.steps_done = k - 1  # the newest step pending
+            due[k - 1] = schedule.due(build([("a", "other")], cols, {"loss": loss}, n=k), det)
+        assert due[30] is False, "a rise is not a sudden event"
+        assert due[30 + th.patience] is scans_then, length
 
 
 def test_sampled_wake_fires_on_a_new_condition_not_on_a_layer_at_the_line() -> None:
@@ -1225,7 +1300,7 @@ def test_gradients_carried_over_two_steps_in_a_row_are_the_first_failure():
     th = ndbg.Thresholds()
     woke = [wake(build([("fc", "other")], {"act_absmax": a[:k]}, {"grad_carried": carried[:k]},
                        n=k), th) for k in range(2, 25)]
-    assert [k - 1 for k, w in zip(range(2, 25), woke) if w == "sudden"] == [21], \
+    assert [k - 1 for k, w in zip(range(2, 25), woke) if "sudden" in w] == [21], \
         "a live run scans at once when the second step in a row is carried over"
 
 

@@ -16,9 +16,10 @@ from ..trace import Trace
 from . import activations, data, gradients, loop, loss, regime, updates
 from ._baseline import BaselineCache
 from ._scan import Carry, Finding, scan
+from .regime import GRADIENT_PATIENCE
 from .rootcause import first_failure, symptoms
 from .states import StateMap
-from .wake import SampledWake, wake
+from .wake import SampledWake, jump_held, rise_held, wake
 
 Detector = Callable[[Trace, int, int, Thresholds], list[Finding]]
 
@@ -125,5 +126,6 @@ def detect(trace: Trace, thresholds: Thresholds | None = None
     return StateMap(events, trace.n_steps, trace.n_layers), events
 
 
-__all__ = ["DETECTORS", "BaselineCache", "Detection", "SampledWake", "StateMap", "detect",
-           "first_failure", "history_rows", "keep_baselines", "symptoms", "wake"]
+__all__ = ["DETECTORS", "GRADIENT_PATIENCE", "BaselineCache", "Detection", "SampledWake",
+           "StateMap", "detect", "first_failure", "history_rows", "jump_held",
+           "keep_baselines", "rise_held", "symptoms", "wake"]

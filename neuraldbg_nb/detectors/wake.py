@@ -15,6 +15,7 @@ detection runs, never *what* it finds; a slow drift is found at the next batch.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -24,15 +25,19 @@ from ..trace import Trace
 from .gradients import SLOW_MARGIN, explode_line
 
 
-def wake(trace: Trace, th: Thresholds) -> str:
+def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
     """Whether the newest step may start an event (judged on the columns measured every
-    step; sampled ones are compared by `SampledWake`): "" if not, "sudden" where an event
-    would be reported at this step, "slow" where it is reported only after holding for a
-    while (a gradient crossing the vanish line, a rising loss), so that a second scan is
-    worth making then. A value's move of `f` decades or more, |log10(now / before)| >= f,
-    is read as now / before outside (10**-f, 10**f) (`_bands`). The loss is only judged
-    upward (only a rise is a failure), from `sqrt(loss_rise)`: a noisy loss near its
-    minimum falls and rises by several times from batch to batch.
+    step; sampled ones are compared by `SampledWake`), as the set of reasons to scan:
+    empty if none; "sudden" where an event would be reported at this step (scan now);
+    "slow" where one is reported only after holding for a while (a gradient crossing the
+    vanish line: scan again `patience` steps later); "jump" for a gradient's move alone,
+    which is a regime shift only once it has held for `GRADIENT_PATIENCE` steps (scan
+    then, if it held: `jump_held`); "rise" for the loss rising, which must hold too (scan
+    `patience` steps later, if it held: `rise_held`). A value's move of `f` decades or
+    more, |log10(now / before)| >= f, is read as now / before outside (10**-f, 10**f)
+    (`_bands`). The loss is only judged upward (only a rise is a failure), from
+    `sqrt(loss_rise)`: a noisy loss near its minimum falls and rises by several times
+    from batch to batch.
 
     It runs after every step of a live run, right after the training step has emptied the
     CPU's caches, so it reads the two rows as Python floats and compares them in plain
@@ -40,7 +45,7 @@ def wake(trace: Trace, th: Thresholds) -> str:
     benchmark MLP, each numpy call paying its cold start; this takes 0.07."""
     t = trace.n_steps - 1
     if t < 1:
-        return ""
+        return NONE
     act_b, act = trace.col("act_absmax", t - 1, t + 1).tolist()
     grad_b, grad = trace.col("grad_norm", t - 1, t + 1).tolist()
     # the weight norm after an update reaches the trace with the next step: one step back
@@ -52,15 +57,72 @@ def wake(trace: Trace, th: Thresholds) -> str:
     loss_moved = _moved(loss_b, loss, rise, -1.0)  # a fall never wakes (-1: q <= -1 < 0)
     rose = loss_moved and math.isfinite(loss)  # a divergence must hold a while
     if (any(_moved(b, x, *jump) for b, x in zip(act_b + w_b, act + w))
-            or any(_moved(b, x, *grad_jump) for b, x in zip(grad_b, grad))
             or (loss_moved and not rose) or _moved(in_b, in_now, *jump)
             or any(x > y and not b > y for b, x in zip(grad_b, grad)  # (`gradients._exploding`)
                    for y in (line, line * SLOW_MARGIN))
             or (inf > 0 and not inf_b > 0) or (in_now == 0 and in_b != 0)
             or _anew(trace, "grad_carried", t) or _anew(trace, "grads_missing", t)):
-        return "sudden"
+        return SUDDEN
     vanished = any(x < th.vanish and not b < th.vanish for b, x in zip(grad_b, grad))
-    return "slow" if rose or vanished else ""
+    jumped = any(_moved(b, x, *grad_jump) for b, x in zip(grad_b, grad))
+    return _REASONS[vanished, jumped, rose]
+
+
+SUDDEN, NONE = frozenset({"sudden"}), frozenset[str]()
+_REASONS = {(v, j, r): frozenset(k for k, on in (("slow", v), ("jump", j), ("rise", r)) if on)
+            for v in (False, True) for j in (False, True) for r in (False, True)}
+"""`wake`'s answers other than "sudden", built once: by (vanished, jumped, rose)."""
+
+
+def jump_held(trace: Trace, th: Thresholds, at: int) -> bool:
+    """Whether a gradient that moved at step `at` ("jump" from `wake`) may have started a
+    regime shift that a scan now would report: some layer's gradient stood `jump` or more
+    beyond its level before `at` (10 ** the mean of its log over the `window` steps
+    before), in the same direction, at `at` and at the steps after it up to the newest
+    that have one (what the gradient detector needs before its noise test, held for its
+    `GRADIENT_PATIENCE`). A gradient swings by a decade from one batch to the next near
+    a perfect fit: the He-initialised MLP that memorised its 16 batches moved so 6 times
+    in 300 steps, each time for one step. Only when the scan runs depends on it: what a
+    skipped one would have found, the next batch scan finds."""
+    lo = max(at - th.window, trace.full_from)
+    rows = trace.col("grad_norm", lo, trace.n_steps).T.tolist()
+    need = math.log10(th.jump) - 1e-9  # (the detector's means are fixed-point)
+    k = at - lo
+    for col in rows:
+        logs = [math.log10(x) if 0 < x < math.inf else None for x in col]
+        past = [x for x in logs[max(k - th.window, 0):k] if x is not None]
+        first = logs[k]
+        if first is None or len(past) < th.warmup:
+            continue
+        level = sum(past) / len(past)
+        sign = 1.0 if first > level else -1.0
+        after = [x for x in logs[k + 1:] if x is not None]  # no gradient: no evidence
+        if after and all(sign * (x - level) >= need for x in [first, *after]):
+            return True
+    return False
+
+
+def rise_held(trace: Trace, th: Thresholds, risen: int) -> bool:
+    """Whether the loss that rose at step `risen` ("rise" from `wake`) may have started a
+    divergence that a scan now would report: two steps in a row from `risen` on, each
+    `loss_rise` above the mean of the log-losses of the `window` steps before it (or the
+    second one not judged: a loss that is not finite and positive, too few steps before
+    it), which is what the loss detector's jump needs before its noise test and its
+    `patience` of two. Near its minimum a loss rises by `sqrt(loss_rise)` from batch to
+    batch: a He-initialised MLP that memorised its 16 batches (loss 0.002-0.1) rose so
+    22 times in 300 steps, and each rise cost a scan (3-7 ms). Only when the scan runs
+    depends on it: what a skipped one would have found, the next batch scan finds."""
+    lo = max(risen - th.window, trace.full_from)
+    logs = [math.log10(x) if 0 < x < math.inf else None
+            for x in trace.scalar("loss", lo, trace.n_steps).tolist()]
+    need = math.log10(th.loss_rise) - 1e-9  # (the detector's means are fixed-point)
+    up: list[bool | None] = []  # None: not judged
+    for t in range(risen - lo, len(logs)):
+        past = [x for x in logs[max(t - th.window, 0):t] if x is not None]
+        now = logs[t]
+        up.append(None if now is None or len(past) < th.warmup else
+                  now - sum(past) / len(past) >= need)
+    return any(a and b is not False for a, b in itertools.pairwise(up))
 
 
 def _moved(before: float, now: float, hi: float, lo: float) -> bool:
