@@ -176,7 +176,7 @@ class Watch:
             self._schedule.scanned(time.perf_counter() - started)
         new = run.detection.emitted[self._seen:]
         self._seen = len(run.detection.emitted)
-        self._capture(record, new)
+        self._capture(record, new, self._schedule.woken)
         self._bound_trace()
         note = self._cost.budget_note(self._activations)
         if note is not None:
@@ -226,15 +226,19 @@ class Watch:
             detection.advance(t)  # detection reads the steps before they go
             t.fit(self.trace_bytes, detection.steps_done - history_rows(self.run.thresholds))
 
-    def _capture(self, record: StepRecord, new: list) -> None:
+    def _capture(self, record: StepRecord, new: list, early: list[int]) -> None:
+        """The tensors of the layers of the new events (and of every layer at a reference
+        step), and of the layers in `early`, whose sampled condition starts here but is
+        reported later (`SampledWake`)."""
         store = self.run.captures
         if store.budget == 0:
             return
-        fired = {e.order for e in new if e.severity != "info" and e.order >= 0}
+        fired = {e.order for e in new if e.severity != "info" and e.order >= 0} | set(early)
         reference = is_reference_step(record.step)
         if fired or reference or any(e.severity != "info" for e in new):
             # the batch once per step, under layer None
-            store.add(record.step, None, EVENT if new else REFERENCE, {"batch": record.batch})
+            store.add(record.step, None, EVENT if new or early else REFERENCE,
+                      {"batch": record.batch})
         layers = sorted(fired) + (sorted(record.refs) if reference else [])
         if not layers:
             return
@@ -282,6 +286,7 @@ class ScanSchedule:
         # there), or None: scan regardless
         self._confirm: dict[int, tuple[int, int] | None] = {}
         self._sampled_wake = SampledWake()
+        self.woken: list[int] = []  # layers whose sampled fraction crossed at the newest step
         self._step_time = 0.0  # an average of the step's wall time; 0 until measured
         self._last_step: float | None = None
         self._last_scan = time.perf_counter()
@@ -292,7 +297,8 @@ class ScanSchedule:
         step = trace.n_steps - 1
         th = self.thresholds
         woke = wake(trace, th)
-        if self._sampled_wake(trace, th) or "slow" in woke:
+        self.woken = self._sampled_wake(trace, th)
+        if self.woken or "slow" in woke:
             self._confirm[step + th.patience] = None
         if "rise" in woke:
             self._held(step + th.patience, step, -1)

@@ -146,3 +146,27 @@ def test_large_copies_are_exact_in_pages_of_their_own():
         kept = store.add(1, "fc", EVENT, {"output": t})["output"]
         assert kept.dtype == t.dtype and torch.equal(kept, t)
         assert kept.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+
+
+def test_units_that_die_are_captured_at_the_step_their_event_names() -> None:
+    """Dead units are judged on sampled steps and reported `patience` steps later, when
+    the layer's tensors of the step they died at are gone: the watch captures them at the
+    sampled step where the fraction crossed the line, so the event opens on that step's
+    own input and output (before, the nearest capture: a later step's batch alone)."""
+    from models import mlp, train
+
+    setup = mlp()
+    relu = "3"  # the ReLU after the hidden layer "2"
+
+    def kill(step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if step == 45:  # three quarters of its units below zero for every input
+            with torch.no_grad():
+                model[2].bias[:24] -= 50.0
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, 80, on_step_start=kill)
+    (dead,) = [e for e in run.events if e.kind == "dead_units" and e.layer == relu]
+    assert dead.step == 50, dead  # the first sampled step after the fault
+    cap = run.inspect(dead)
+    assert (cap.step, cap.layer) == (50, relu), (cap.step, cap.layer)
+    assert (cap["output"][:, :24] == 0).all() and (cap["input"][:, :24] < -10).all()

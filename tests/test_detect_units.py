@@ -524,7 +524,7 @@ def test_sampled_wake_fires_on_a_new_condition_not_on_a_layer_at_the_line() -> N
     for dead in [0.1, 0.1, 0.2, 0.7, 0.7, 0.2, 0.6, 0.3, 0.6, 0.1, 0.1, 0.8]:
         t = build([("relu", "relu")], {"dead_frac": np.full((1, 1), dead)},
                   {"sampled": np.ones(1)}, n=1)
-        flags.append(w(t, th))
+        flags.append(bool(w(t, th)))
     assert flags == [False, False, False, True, False, False, False, False, False, False,
                      False, True]
     unsampled = build([("relu", "relu")], {"dead_frac": np.full((1, 1), 0.9)},

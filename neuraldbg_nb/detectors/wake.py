@@ -170,21 +170,29 @@ class SampledWake:
     the scan when its fraction crosses the line after two samples below it. A layer that
     hovers at the line (a deep ReLU stack's half-dead layers) flips from sample to sample;
     waking on each flip scanned twice every sampled step. Its event, a slow condition, is
-    still found by the next batch scan."""
+    still found by the next batch scan.
+
+    It answers with the layers that crossed: their tensors are held at a sampled step
+    (`Probe`), and the watch captures them there, so that the event, reported
+    `patience` steps later at this step, opens on the layer's own input and output; by
+    then a CPU activation is no longer held (a dead-units first failure opened on the
+    input batch alone)."""
 
     def __init__(self) -> None:
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # the two last samples
 
-    def __call__(self, trace: Trace, th: Thresholds) -> bool:
+    def __call__(self, trace: Trace, th: Thresholds) -> list[int]:
         t = trace.n_steps - 1
         if t < 0 or not trace.scalar("sampled", t, t + 1)[0] > 0:
-            return False
+            return []
         with np.errstate(invalid="ignore"):
             now = np.concatenate([trace.col("dead_frac", t, t + 1)[0] >= th.dead,
                                   trace.col("sat_frac", t, t + 1)[0] >= th.saturated])
         last = self._last
         if last is None or len(last[1]) != len(now):
             self._last = (np.zeros_like(now), now)
-            return bool(now.any())
-        self._last = (last[1], now)
-        return bool((now & ~(last[0] | last[1])).any())
+            crossed = now
+        else:
+            self._last = (last[1], now)
+            crossed = now & ~(last[0] | last[1])
+        return sorted({int(j) % trace.n_layers for j in np.flatnonzero(crossed)})
