@@ -113,8 +113,8 @@ def make_mlp() -> Bench:
 
 
 def make_mlp_dying() -> Bench:
-    """The MLP the benchmarks timed until session 20: PyTorch's default init, whose ReLU units die (see
-    `make_mlp`); what watching a run that keeps warning costs."""
+    """The MLP the benchmarks timed until session 20: PyTorch's default init, whose ReLU
+    units die (see `make_mlp`); what watching a run that keeps warning costs."""
     return Bench("mlp-dying", "MLP 8x512 dying", _relu_mlp(), _teacher((128, 512), 10),
                  nn.functional.cross_entropy)
 

@@ -108,10 +108,11 @@ def rise_held(trace: Trace, th: Thresholds, risen: int) -> bool:
     `risen` on (a loss already up may have risen again), each `loss_rise` above the mean
     of the log-losses of the `window` steps before it (or the second one not judged: a
     loss that is not finite and positive, too few steps before it), which is what the
-    loss detector's jump needs before its noise test and its `patience` of two. Near its minimum a loss rises by `sqrt(loss_rise)` from batch to
-    batch: a He-initialised MLP that memorised its 16 batches (loss 0.002-0.1) rose so
-    22 times in 300 steps, and each rise cost a scan (3-7 ms). Only when the scan runs
-    depends on it: what a skipped one would have found, the next batch scan finds."""
+    loss detector's jump needs before its noise test and its `patience` of two. Near its
+    minimum a loss rises by `sqrt(loss_rise)` from batch to batch: a He-initialised MLP
+    that memorised its 16 batches (loss 0.002-0.1) rose so 22 times in 300 steps, and
+    each rise cost a scan (3-7 ms). Only when the scan runs depends on it: what a skipped
+    one would have found, the next batch scan finds."""
     lo = max(risen - 1 - th.window, trace.full_from)
     logs = [math.log10(x) if 0 < x < math.inf else None
             for x in trace.scalar("loss", lo, trace.n_steps).tolist()]
