@@ -99,8 +99,8 @@ def _relu_mlp() -> nn.Sequential:
 
 def make_mlp() -> Bench:
     """He-initialised, as a deep ReLU stack is meant to be: with PyTorch's default
-    `nn.Linear` init (`make_mlp_dying`) half of the last layers' units are dead at step 0
-    and 65-73% by step 130, and the default watch spends the run reporting it (11
+    `nn.Linear` init (`make_mlp_dying`) 41-49% of the last layers' units are dead at step 0
+    and up to 73% by step 130, and the default watch spends the run reporting it (11
     warnings in 200 steps, their captures and detection scans), which is the cost of a
     failing run, not of leaving the debugger on."""
     model = _relu_mlp()

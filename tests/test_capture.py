@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from models import mlp, train
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -153,8 +154,6 @@ def test_units_that_die_are_captured_at_the_step_their_event_names() -> None:
     the layer's tensors of the step they died at are gone: the watch captures them at the
     sampled step where the fraction crossed the line, so the event opens on that step's
     own input and output (before, the nearest capture: a later step's batch alone)."""
-    from models import mlp, train
-
     setup = mlp()
     relu = "3"  # the ReLU after the hidden layer "2"
 

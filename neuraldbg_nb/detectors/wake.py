@@ -85,16 +85,13 @@ def jump_held(trace: Trace, th: Thresholds, at: int) -> bool:
     in 300 steps, each time for one step. Only when the scan runs depends on it: what a
     skipped one would have found, the next batch scan finds."""
     lo = max(at - th.window, trace.full_from)
-    rows = trace.col("grad_norm", lo, trace.n_steps).T.tolist()
     need = math.log10(th.jump) - 1e-9  # (the detector's means are fixed-point)
     k = at - lo
-    for col in rows:
-        logs = [math.log10(x) if 0 < x < math.inf else None for x in col]
-        past = [x for x in logs[max(k - th.window, 0):k] if x is not None]
-        first = logs[k]
-        if first is None or len(past) < th.warmup:
+    for col in trace.col("grad_norm", lo, trace.n_steps).T.tolist():
+        logs = _logs(col)
+        first, level = logs[k], _level(logs, k, th)
+        if first is None or level is None:
             continue
-        level = sum(past) / len(past)
         sign = 1.0 if first > level else -1.0
         after = [x for x in logs[k + 1:] if x is not None]  # no gradient: no evidence
         if after and all(sign * (x - level) >= need for x in [first, *after]):
@@ -114,16 +111,26 @@ def rise_held(trace: Trace, th: Thresholds, risen: int) -> bool:
     each rise cost a scan (3-7 ms). Only when the scan runs depends on it: what a skipped
     one would have found, the next batch scan finds."""
     lo = max(risen - 1 - th.window, trace.full_from)
-    logs = [math.log10(x) if 0 < x < math.inf else None
-            for x in trace.scalar("loss", lo, trace.n_steps).tolist()]
+    logs = _logs(trace.scalar("loss", lo, trace.n_steps).tolist())
     need = math.log10(th.loss_rise) - 1e-9  # (the detector's means are fixed-point)
     up: list[bool | None] = []  # None: not judged
     for t in range(max(risen - 1 - lo, 0), len(logs)):
-        past = [x for x in logs[max(t - th.window, 0):t] if x is not None]
-        now = logs[t]
-        up.append(None if now is None or len(past) < th.warmup else
-                  now - sum(past) / len(past) >= need)
+        now, level = logs[t], _level(logs, t, th)
+        up.append(None if now is None or level is None else now - level >= need)
     return any(a and b is not False for a, b in itertools.pairwise(up))
+
+
+def _logs(values: list[float]) -> list[float | None]:
+    """log10 of the positive finite values, None elsewhere: `_baseline.log_level` for the
+    few floats the two tests above read, without numpy's cold start."""
+    return [math.log10(x) if 0 < x < math.inf else None for x in values]
+
+
+def _level(logs: list[float | None], t: int, th: Thresholds) -> float | None:
+    """The mean of the known logs in the `window` entries before `t`, None where fewer
+    than `warmup` are known: `_baseline.trailing_stats`' mean, for one entry."""
+    past = [x for x in logs[max(t - th.window, 0):t] if x is not None]
+    return sum(past) / len(past) if len(past) >= th.warmup else None
 
 
 def _moved(before: float, now: float, hi: float, lo: float) -> bool:
