@@ -29,6 +29,7 @@ test: setup browser
 	npm test
 	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks
 	$(VENV)/bin/mypy neuraldbg_nb
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 lab: setup
@@ -49,6 +50,7 @@ bench-quick: setup
 lint: setup
 	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks
 	$(VENV)/bin/mypy neuraldbg_nb
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) node_modules neuraldbg_nb/static

@@ -112,7 +112,7 @@ def train_child(config: str, steps: int, width: int, batch: int, every: int) -> 
     from torch import nn
 
     import neuraldbg_nb
-    from neuraldbg_nb.capture import REFERENCE
+    from neuraldbg_nb.report.captures import REFERENCE
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
@@ -198,7 +198,7 @@ def trace_child(layers: int, steps: int, trace_mb: float) -> dict:
     import numpy as np
 
     from neuraldbg_nb import Thresholds
-    from neuraldbg_nb.detectors import Detection, history_rows
+    from neuraldbg_nb.detect import Detection, history_rows
     from neuraldbg_nb.trace import Trace
 
     rng = np.random.default_rng(0)

@@ -54,8 +54,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import neuraldbg_nb
-from neuraldbg_nb import selfcost, stats
-from neuraldbg_nb.layers import is_nonnegative
+from neuraldbg_nb.live import selfcost
+from neuraldbg_nb.record import reductions
+from neuraldbg_nb.record.layers import is_nonnegative
 
 # -- models --------------------------------------------------------------------------
 
@@ -267,7 +268,7 @@ def empty_hooks(b: Bench) -> Iterator[None]:
 @contextlib.contextmanager
 def reducing_hooks(b: Bench) -> Iterator[None]:
     """A forward hook on every leaf module that takes the reduction the watch takes of
-    its output and keeps the values: `stats.min_max` (`amin` and `amax`, or `aminmax` on
+    its output and keeps the values: `reductions.min_max` (`amin` and `amax`, or `aminmax` on
     small outputs), `amax` alone where the output cannot be negative, none for a ReLU
     (the watch derives its max from its input's). The least the issue's per-step
     activation summary can cost, with no bookkeeping, no input batch, weight or loss
@@ -276,7 +277,7 @@ def reducing_hooks(b: Bench) -> Iterator[None]:
     def reduce(module: nn.Module, args: tuple, output: object) -> None:
         if type(output) is torch.Tensor and output.is_floating_point() and output.numel():
             y = output.detach()
-            kept.append(y.amax() if is_nonnegative(module) else stats.min_max(y))
+            kept.append(y.amax() if is_nonnegative(module) else reductions.min_max(y))
 
     kept: list[object] = []
     handles = [m.register_forward_hook(reduce) for m in b.model.modules()

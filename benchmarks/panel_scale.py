@@ -20,10 +20,11 @@ import time
 
 import numpy as np
 
-from neuraldbg_nb import Thresholds, serialize
-from neuraldbg_nb.capture import CaptureStore
-from neuraldbg_nb.detectors import Detection, history_rows
-from neuraldbg_nb.run import Run
+from neuraldbg_nb import Thresholds
+from neuraldbg_nb.detect import Detection, history_rows
+from neuraldbg_nb.live.captures import CaptureStore
+from neuraldbg_nb.notebook import panel_state
+from neuraldbg_nb.report.run import Run
 from neuraldbg_nb.trace import Trace
 
 LOOKBACK = history_rows(Thresholds())
@@ -88,11 +89,11 @@ def main() -> None:
     run = synthetic_run(*big, trace_mb=args.trace_mb)
     build = time.perf_counter() - t0
     run.status = "training"
-    live = timed(lambda: serialize.panel_state(run, with_values=False), 5)
+    live = timed(lambda: panel_state.panel_state(run, with_values=False), 5)
     # the layer names go once, with the first message; a live update re-sends the rest
-    size_live = message_bytes(serialize.panel_state(run, with_values=False), skip=("layers",))
+    size_live = message_bytes(panel_state.panel_state(run, with_values=False), skip=("layers",))
     run.status = "finished"
-    size_done = message_bytes(serialize.panel_state(run, with_values=True))
+    size_done = message_bytes(panel_state.panel_state(run, with_values=True))
     label = f"{big[0]} layers x {big[1]:,} steps"
     print(f"| prepare a live update | {label} | {live:.1f} ms | < 50 ms |")
     print(f"| live message size | {label} | {size_live / 1000:.1f} KB | < 64 KB |")

@@ -4,19 +4,19 @@ Importing this package imports neither IPython nor anywidget nor altair; the not
 parts load when `%load_ext neuraldbg_nb` or a view asks for them.
 """
 
-from .capture import Capture
-from .detectors import detect
-from .events import Event, Kind
-from .run import Run, TrainingFailure, load
-from .thresholds import Thresholds
-from .watcher import last_run, watch
+from .detect import detect
+from .detect.events import Event, Kind
+from .detect.thresholds import Thresholds
+from .live.watcher import last_run, watch
+from .report.captures import Capture
+from .report.run import Run, TrainingFailure, load
 
 __version__ = "0.1.0"
 
 
 def load_ipython_extension(ipython: object) -> None:
     """`%load_ext neuraldbg_nb`: registers the `%%neuraldbg` cell magic."""
-    from .magic import load_ipython_extension as load
+    from .notebook.magic import load_ipython_extension as load
 
     load(ipython)
 

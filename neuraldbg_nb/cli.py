@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from . import demo
-from .run import TrainingFailure, load
-from .thresholds import Thresholds
-from .watcher import watch
+from .detect.thresholds import Thresholds
+from .live.watcher import watch
+from .report.run import TrainingFailure, load
 
 _SETTINGS = ("vanish", "explode", "jump", "jump_error", "dead", "saturated", "unmoved",
              "max_update", "loss_rise")

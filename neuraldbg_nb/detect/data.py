@@ -1,0 +1,143 @@
+"""The input batch of the watched model: non-finite, all zero, constant, repeated, shifted,
+drifting.
+
+The data is blamed first: a broken batch makes every layer look broken.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace.columns import Trace
+from .baseline import lagged, log_level, shift_beyond, within
+from .regime import describe, shift_codes
+from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt
+from .thresholds import Thresholds
+
+
+def _flag(values: np.ndarray, bad: np.ndarray, code: int) -> np.ndarray:
+    return np.where(np.isnan(values), HOLD, np.where(bad, code, OK)).astype(np.int8)[:, None]
+
+
+def _repeat_codes(repeat: np.ndarray, lo: int, window: int) -> np.ndarray:
+    """A batch that repeats the one before: a warning where the loop fed other batches
+    before (a loader stuck in mid-run, a sampler bug); info where every batch has been the
+    same from the first (full-batch training, fitting one batch on purpose, or a loader
+    never advanced, `next(iter(loader))` outside the loop: the sentence names them), and
+    where it repeats no longer than batches did lately (each batch used k times: a
+    warning at the second batch's repeat stayed open all run, the fresh batch between
+    never enough to end it). Also
+    info once the last `window` batches all repeated, so that a live scan, which reads
+    `window` + 2 rows before its chunk and cannot see the first step after that, codes
+    every row as a scan in one go does (a stuck loader's warning stays open)."""
+    rep = repeat > 0
+    codes = _flag(repeat, rep, WARNING)
+    rows = np.arange(len(rep))
+    run = rows - np.maximum.accumulate(np.where(rep, -1, rows))  # repeats ending here
+    from_start = (lo == 0) & (run >= rows)  # steps 1..t all repeated (step 0 cannot)
+    # the longest run of repeats in the `window` rows up to the fresh batch before this
+    # run: a loop that uses each batch k times (data echoing, a few inner steps per
+    # batch) repeats as it did before; a stuck loader repeats longer than ever
+    padded = np.concatenate([np.zeros(window - 1), run])
+    recent = np.lib.stride_tricks.sliding_window_view(padded, window).max(1)
+    before = recent[np.maximum(rows - run, 0)]
+    codes[rep & (from_start | (run > window) | (run <= before)), 0] = INFO
+    return codes
+
+
+def _repeat_message(n: str, s: int, v: float, p: float, sev: str) -> str:
+    if sev == "info" and s > 1:
+        return (f"input batch at step {s} repeats the previous batch exactly, as batches "
+                f"did lately: each batch used several times (data echoing, inner steps)")
+    if sev == "info":
+        return (f"input batch at step {s} repeats the previous batch exactly, as every batch "
+                f"has so far: full-batch training, or one batch fitted on purpose (a data "
+                f"loader never advanced, next(iter(loader)) outside the loop, looks the same)")
+    return f"input batch at step {s} repeats the previous batch exactly"
+
+
+def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
+    """Rows where the model felt its input's jump: at that step its first layer's output
+    (abs-max), its loss or any layer's gradient norm moved by `jump` or more against its
+    own recent level (beyond its noise), or none of them was measured.
+
+    A batch of heavy-tailed raw features (log-normal with sigma 3, normalised by a
+    BatchNorm1d as the model's first layer) had its abs-max jump 160x at one step of 400,
+    an error and the run's first failure, while nothing in the model moved. A batch the
+    model feels is an error as before: a Linear's output 1e4x, a tanh RNN saturated (its
+    output stays bounded, its gradients collapse), a loss far above its level."""
+    first = trace.col("act_absmax", lo, stop)[:, :1]
+    loss = trace.scalar("loss", lo, stop)[:, None]
+    grad = trace.col("grad_norm", lo, stop)
+    felt = np.isnan(first).all(1) & np.isnan(loss[:, 0]) & np.isnan(grad).all(1)
+    for values in (first, loss, grad):
+        shift, _ = shift_beyond(log_level(values), th.window, th.warmup, th.noise)
+        with np.errstate(invalid="ignore"):
+            felt |= (shift >= np.log10(th.jump)).any(1)
+    return felt
+
+
+def _drift(absmax: np.ndarray, shift: np.ndarray, th: Thresholds
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, level, level `trend` steps before) of an input scale whose level (the mean
+    of its log over the last `window` steps) moved by `jump_error` or more over `trend`
+    steps without a jump: a warning. Inputs that drift by 1.06x a step (an accumulating
+    transform, statistics of a normalisation computed once on other data) went 3.7 ->
+    9.9e3 in 170 steps, every step within the jump line, until a half-precision layer
+    overflowed. A level moved by a jump within the trend (or the window its earlier level
+    was read over) is the jump's event's, as the loss's trend is (`loss`)."""
+    logs = log_level(absmax)
+    _, base = shift_beyond(logs, th.window, th.warmup, th.noise)
+    then = lagged(base, th.trend)
+    moved = np.abs(base - then)
+    jumped = within(shift >= WARNING, th.trend + th.window)
+    with np.errstate(invalid="ignore"):
+        codes = np.where(np.isnan(moved), HOLD, np.where(
+            (moved >= np.log10(th.jump_error)) & ~jumped, WARNING, OK)).astype(np.int8)
+    return codes, 10.0 ** base, 10.0 ** then
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    nonfinite = trace.scalar("in_nonfinite", lo, stop)
+    absmax = trace.scalar("in_absmax", lo, stop)
+    const = trace.scalar("in_const", lo, stop)
+    repeat = trace.scalar("in_repeat", lo, stop)
+    shift, base = shift_codes(absmax[:, None], th, loud=True)
+    loud = shift[:, 0] == ERROR
+    if loud.any():  # an error where the model felt it, a warning elsewhere (`_felt`)
+        shift[loud & ~_felt(trace, lo, stop, th), 0] = WARNING
+    col = lambda a: a[:, None]
+    drift, level, then = _drift(col(absmax), shift, th)
+    return [
+        Finding("data_anomaly", "input_nonfinite", _flag(nonfinite, nonfinite > 0, ERROR),
+                col(nonfinite), per_layer=False,
+                message=lambda n, s, v, p, sev: (f"input batch has {v:.0f} non-finite value{'s' * (v != 1)}"
+                                                 if v < float("inf") else
+                                                 "input batch has non-finite values")
+                + f" at step {s}"),
+        Finding("data_anomaly", "input_zero", _flag(absmax, absmax == 0, ERROR), col(absmax),
+                per_layer=False,
+                message=lambda n, s, v, p, sev: f"input batch is all zeros at step {s}"),
+        Finding("data_anomaly", "input_constant",
+                _flag(const, (const > 0) & (absmax != 0), WARNING), col(absmax),
+                per_layer=False,
+                message=lambda n, s, v, p, sev: f"input batch is constant ({fmt(v)} "
+                                                f"everywhere) at step {s}"),
+        Finding("data_anomaly", "input_repeat", _repeat_codes(repeat, lo, th.window),
+                col(repeat), per_layer=False, message=_repeat_message),
+        Finding("data_anomaly", "input_scale", shift, col(absmax), previous=base,
+                per_layer=False, message=describe("input batch scale (abs-max)")),
+        Finding("data_anomaly", "input_drift", drift, level, previous=then, per_layer=False,
+                patience=th.patience,
+                message=lambda n, s, v, p, sev: f"input batch scale drifted {_times(v, p)} "
+                                                f"over {th.trend} steps by step {s} (its "
+                                                f"level {fmt(p)} -> {fmt(v)}), no step a "
+                                                f"jump (an accumulating transform, or "
+                                                f"normalisation statistics of other data)",
+                recovery=lambda n, s, v, p, sev: f"input batch scale steady again "
+                                                 f"({fmt(v)}) at step {s}"),
+    ]
+
+
+def _times(v: float, p: float) -> str:
+    return f"{v / p:.0f}x up" if v >= p else f"{p / v:.0f}x down"

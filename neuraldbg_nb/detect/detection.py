@@ -1,0 +1,126 @@
+"""Detection as a whole: every detector over a trace, whole (`detect`) or step by step
+(`Detection`), with the same answer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..trace.columns import Trace
+from . import activations, data, gradients, loop, loss, regime, updates
+from .baseline import BaselineCache
+from .events import Event
+from .regime import GRADIENT_PATIENCE
+from .rootcause import first_failure, symptoms
+from .scan import Carry, Finding, scan
+from .states import StateMap
+from .thresholds import Thresholds
+from .wake import SampledWake, jump_held, rise_held, wake
+
+Detector = Callable[[Trace, int, int, Thresholds], list[Finding]]
+
+
+def _recent(th: Thresholds) -> int:
+    return th.window + 2
+
+
+def _trend(th: Thresholds) -> int:
+    return th.trend + 2 * th.window + 2  # a level `trend` back, jumps a window before it
+
+
+DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
+    (data.findings, _trend),
+    (activations.findings, _recent),
+    (regime.findings, _recent),
+    (updates.findings, _recent),
+    (updates.lr_findings, _recent),
+    (updates.stall_findings, _recent),
+    (loss.findings, _trend),
+    (gradients.findings, gradients.history),
+    (loop.findings, _recent),
+)
+"""Each detector with the steps of history before a chunk that it reads."""
+
+
+def history_rows(th: Thresholds) -> int:
+    """Steps before a chunk that the detectors read (the longest history any uses)."""
+    return max(need(th) for _, need in DETECTORS)
+
+
+class Detection:
+    """Events of a trace so far; `advance` reads the steps recorded since the last call."""
+
+    def __init__(self, thresholds: Thresholds, start: int = 0,
+                 kept: list[Event] | None = None,
+                 baselines: BaselineCache | None = None) -> None:
+        """`start`: the first step to scan (a compacted trace is scanned from its exact
+        tail on); `kept`: events of earlier steps carried over as they are; `baselines`:
+        a cache shared by the re-classifications of one trace (the events are the same
+        without it; a live run, which scans each step once, goes without)."""
+        self.thresholds = thresholds
+        self.baselines = baselines
+        self.kept = list(kept or [])
+        self._events: list[Event] = []
+        self._sorted: list[Event] | None = None
+        self._carries: dict[tuple[str, str], Carry] = {}
+        self.steps_done = start
+
+    def advance(self, trace: Trace) -> list[Event]:
+        """Scan the new steps; returns the events that appeared (in step order)."""
+        start, stop = self.steps_done, trace.n_steps
+        if stop <= start:
+            return []
+        th = self.thresholds
+        before = len(self._events)
+        names = [(info.name, info.label) for info in trace.layers]
+        for detector, need in DETECTORS:
+            lo = max(trace.full_from, start - need(th))
+            if detector is regime.findings:  # keeps its trailing baselines in the cache
+                found = regime.findings(trace, lo, stop, th, self.baselines)
+            else:
+                found = detector(trace, lo, stop, th)
+            for f in found:
+                carry = self._carries.get((f.kind, f.signal))
+                if carry is None:  # not setdefault: a Carry is eight arrays to build
+                    carry = self._carries[(f.kind, f.signal)] = Carry()
+                scan(f, carry, start, names, th.patience, self._events, start - lo)
+        self.steps_done = stop
+        self._sorted = None
+        return sorted(self._events[before:], key=_order)
+
+    @property
+    def events(self) -> list[Event]:
+        """All events so far, in step order (and forward order within a step)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.kept + self._events, key=_order)
+        return self._sorted
+
+    @property
+    def emitted(self) -> list[Event]:
+        """All events so far in the order they were found (new ones are appended; an
+        event's `end` is filled in place when its state ends)."""
+        return self._events
+
+
+def _order(e: Event) -> tuple[int, int, str]:
+    return (e.step, e.order, e.kind)
+
+
+def keep_baselines(trace: Trace, thresholds: Thresholds, baselines: BaselineCache) -> None:
+    """Compute into `baselines` what every re-classification of the trace's exact tail
+    shares under the baseline settings of `thresholds` (`window`, `warmup`, `noise`), so
+    that the first one is as fast as the next."""
+    regime.findings(trace, trace.full_from, trace.n_steps, thresholds, baselines)
+
+
+def detect(trace: Trace, thresholds: Thresholds | None = None
+           ) -> tuple[StateMap, list[Event]]:
+    """States and events of a recorded trace under `thresholds`."""
+    d = Detection(thresholds or Thresholds(), start=trace.full_from)
+    d.advance(trace)
+    events = d.events
+    return StateMap(events, trace.n_steps, trace.n_layers), events
+
+
+__all__ = ["DETECTORS", "GRADIENT_PATIENCE", "BaselineCache", "Detection", "SampledWake",
+           "StateMap", "detect", "first_failure", "history_rows", "jump_held",
+           "keep_baselines", "rise_held", "symptoms", "wake"]

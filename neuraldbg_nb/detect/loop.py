@@ -1,0 +1,90 @@
+"""Mistakes of the training loop itself, which break nothing that other detectors see.
+
+- A model left in `model.eval()` after an evaluation trains without dropout, and its
+  BatchNorm normalises with running statistics it no longer updates: the loss still
+  falls. A notebook that evaluates in one cell and trains again in the next, without
+  `model.train()`, does exactly this. The probe counts the layers that act by mode as
+  each backward starts (`eval_layers`).
+- A loop without `zero_grad()` adds every batch's gradient to all the earlier ones: the
+  updates grow step after step, and what shows, dozens of steps later, is a layer dying
+  or jumping, which was blamed. The probe tells whether a step's gradients still held the
+  last step's (`grad_carried`); it is an error from its first step, so the root cause is
+  the loop, not the layer it broke. Clipping or unscaling the gradients in place
+  does not hide it: the probe reads one gradient's values as each backward starts.
+- A loop that calls `optimizer.step()` twice after one backward applies the same gradients
+  twice: the steps are twice as large as the learning rate says, and the watch counts
+  two steps per batch (`grad_carried` is `trace.REAPPLIED` at the second); a warning.
+- A loop that clears the gradients between the backward and the optimizer's step
+  (`zero_grad()` after `backward()`), or whose loss does not depend on the model, trains
+  nothing: every gradient is missing at the step, and detectors of gradients see no
+  numbers at all. The probe tells it (`grads_missing`); an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace.columns import REAPPLIED, Trace
+from .scan import ERROR, WARNING, Finding, grade
+from .thresholds import Thresholds
+
+
+def _eval_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    layers = f"{v:.0f} dropout/BatchNorm layer{'s' * (v != 1)}"
+    return (f"the model trained in eval mode from step {step}: {layers} ran as at "
+            f"inference (dropout off, BatchNorm on running statistics it no longer "
+            f"updates). Call model.train() before training; if it is deliberate (keeping "
+            f"BatchNorm's statistics while fine-tuning), ignore this")
+
+
+def _carry_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"gradients not zeroed between steps from step {step}: each backward adds to "
+            f"the gradients of every earlier step, so the updates grow step after step. "
+            f"Call optimizer.zero_grad() once per step (before the backward)")
+
+
+def _repeat_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"optimizer.step() ran again at step {step} without a backward since the step "
+            f"before: the same gradients were applied twice, a step twice the size the "
+            f"learning rate says (each call is counted as a step). Call it once per backward")
+
+
+def _missing_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"no gradient reached the model's weights at the optimizer's steps from step "
+            f"{step}, though backward ran: nothing trains. The gradients were cleared "
+            f"between backward() and the step (zero_grad() belongs before backward()), or "
+            f"the loss does not depend on the model (its output detached)")
+
+
+def _codes(values: np.ndarray, code: int) -> np.ndarray:
+    """`code` where a count or flag is above 0, OK at 0, HOLD where not measured."""
+    return grade(~np.isnan(values), (values > 0, code))
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    n = trace.scalar("eval_layers", lo, stop)[:, None]
+    carried = trace.scalar("grad_carried", lo, stop)[:, None]
+    repeated = (carried == REAPPLIED).astype(np.float64)
+    repeated[np.isnan(carried)] = np.nan
+    carried = np.where(carried == REAPPLIED, 0.0, carried)
+    missing = trace.scalar("grads_missing", lo, stop)[:, None]
+    return [
+        Finding("eval_mode", "mode", _codes(n, WARNING), n, per_layer=False,
+                message=_eval_message,
+                recovery=lambda name, s, v, p, sev: f"the model is back in training mode "
+                                                    f"at step {s}"),
+        # two steps in a row: a loop that zeroes its gradients every other step (one
+        # optimizer step per two batches, written wrong) shows only some steps carried
+        Finding("grads_not_zeroed", "zeroing", _codes(carried, ERROR), carried,
+                per_layer=False, patience=2, message=_carry_message,
+                recovery=lambda name, s, v, p, sev: f"gradients zeroed between steps again "
+                                                    f"at step {s}"),
+        Finding("step_repeated", "zeroing", _codes(repeated, WARNING), repeated,
+                per_layer=False, message=_repeat_message,
+                recovery=lambda name, s, v, p, sev: f"one optimizer step per backward again "
+                                                    f"at step {s}"),
+        Finding("no_gradients", "zeroing", _codes(missing, ERROR), missing,
+                per_layer=False, patience=2, message=_missing_message,
+                recovery=lambda name, s, v, p, sev: f"gradients reach the weights again at "
+                                                    f"step {s}"),
+    ]

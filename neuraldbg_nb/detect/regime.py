@@ -1,0 +1,198 @@
+"""Regime shifts: a layer's activations or gradients jump against their own recent history.
+
+Measured in log space against the trailing mean of the last `window` steps, so a layer is
+judged by its own scale: a 240x jump of a layer that always sat at 1e-3 is found as
+surely as one of a layer at 10. A jump must also stand out of the layer's own recent
+noise (`noise` standard deviations), so a layer whose per-batch gradient always swings
+by a decade is not flagged for doing so. See `shift_codes` for the severities.
+
+The gradients of a layer whose own parameters are a few numbers (`FEW`), and the
+activations of a layer whose output is a few numbers, are not judged: one number crosses
+zero as it settles, and its size then falls by any factor for a step (a ReZero residual
+gate's gradient, a learnable temperature's, a PReLU's; the prediction of a regression
+trained one sample at a time).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace.columns import Trace
+from .baseline import BaselineCache, Jumps, find_jumps, log_level, trailing_stats
+from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, Message, fmt
+from .thresholds import Thresholds
+
+FEW = 16
+"""Layers with fewer elements than this in their own parameters have no gradient regime
+shifts, and those with a call that output fewer have no activation regime shifts. A
+ReZero gate (one number, initialised at 0) read 0.196 -> 0.0012 at one step of healthy
+training as it crossed zero, a 162x collapse and a warning, three times in 300 steps; an
+online regression's output (one number a step) "collapsed 958x", an error. The size of a
+few dozen numbers does not fall to nothing unless all of them do."""
+
+
+GRADIENT_PATIENCE = 2
+"""Steps a gradient's jump must hold to be a regime shift. A gradient that jumps for one
+step and is back at the next is the batch, not the layer: in a mixture of experts, an
+expert routed one easy token had its gradient fall 100-10,000x for that step, 14 warnings
+in 300 steps of healthy training. A layer that collapsed stays collapsed, and is reported
+at the step it began. Steps where the layer had no gradient (an expert routed no token)
+are no evidence either way: they do not count. Activations keep a patience of 1: a jump
+there is loud at once."""
+
+
+def shift_codes(values: np.ndarray, th: Thresholds, loud: bool,
+                jumps: Jumps | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, baseline level) of a jump against each column's own recent history.
+
+    Loud signals (activations, the input) warn from `jump` and are errors from
+    `jump_error`; quiet ones (gradients, which jump as a symptom of almost anything and
+    swing by decades on healthy batches near a perfect fit) are info from `jump` and
+    warnings from `jump_error`. The level is given where a jump stands out of the noise
+    (NaN elsewhere: an event reads it only at a step where a jump starts). `jumps`: the
+    series' `find_jumps` under these thresholds' baseline settings, if already known."""
+    if jumps is None:
+        jumps = find_jumps(values, *baseline_settings(th))
+    codes = jumps.judged.copy()
+    flat = codes.reshape(-1)
+    flat[jumps.at[jumps.shift >= np.log10(th.jump)]] = WARNING if loud else INFO
+    flat[jumps.at[jumps.shift >= np.log10(max(th.jump, th.jump_error))]] = (
+        ERROR if loud else WARNING)
+    level = np.full(codes.shape, np.nan)
+    level.reshape(-1)[jumps.at] = jumps.level
+    return codes, level
+
+
+def held_jumps(values: np.ndarray, codes: np.ndarray, level: np.ndarray, th: Thresholds,
+               rows: int) -> None:
+    """Extend a quiet signal's jumps (graded as `shift_codes` does for gradients) to the
+    `rows` steps after them, in place: each such step whose value still stands `jump` or
+    more beyond the level the jump came from, in the same direction, gets the jump's code
+    (or a milder one, by its own size) and level, so a jump that holds meets a patience of
+    `rows` + 1. Judged against its own recent history instead, the step after a jump has
+    a baseline holding the jump itself, whose spread hides it: a conv layer's gradient,
+    0.2 for 20 steps, read 536, 88 and 39 after its weights were zeroed (2300x, 380x,
+    170x its level), and only the first step stood out. Causal: a step reads the one
+    before it."""
+    if th.jump <= 1:  # every judged step is listed already (`shift_codes`)
+        return
+    lo_line, hi_line = np.log10(th.jump), np.log10(max(th.jump, th.jump_error))
+    logs = log_level(values)
+    src = np.argwhere(codes[:-1] >= INFO) if len(codes) > 1 else np.zeros((0, 2), np.int64)
+    for _ in range(rows):
+        if not len(src):
+            return
+        r, c = src[:, 0], src[:, 1]
+        base = np.log10(level[r, c])
+        up = logs[r, c] > base
+        shift = np.where(up, 1.0, -1.0) * (logs[r + 1, c] - base)  # NaN: no value, not held
+        code = np.where(shift >= hi_line, WARNING, np.where(shift >= lo_line, INFO, OK))
+        code = np.minimum(code, codes[r, c])
+        new = (code > codes[r + 1, c]) & (codes[r + 1, c] != HOLD)
+        r, c = r[new] + 1, c[new]
+        codes[r, c] = code[new]
+        level[r, c] = level[r - 1, c]
+        keep = r < len(codes) - 1
+        src = np.stack([r[keep], c[keep]], axis=1)
+
+
+def _revived(grad: np.ndarray, level: np.ndarray, th: Thresholds) -> np.ndarray:
+    """Gradient jumps up from a level below the vanishing line: not a regime shift. The
+    gradient comes back (a dead layer revived), and one that goes on to explode is judged
+    by the exploding line. At an exact fit gradients sit near nothing: full-batch Rprop at
+    the float32 floor (loss 3e-10) read 1e-7 -> 8e-3 in all four layers when the loss
+    blipped to 4e-6, four warnings beside the loss's own."""
+    with np.errstate(invalid="ignore"):
+        return (level < th.vanish) & (grad > level)
+
+
+def few(trace: Trace, field: str) -> list[int]:
+    """The layers with fewer than `FEW` numbers in `field` (`LayerInfo.params` or
+    `LayerInfo.outputs`; -1, not recorded, is not few)."""
+    return [j for j, i in enumerate(trace.layers) if 0 <= getattr(i, field) < FEW]
+
+
+def converging(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
+    """Steps whose loss fell by `jump` or more below its own recent level (the mean of its
+    log over the last `window` steps): there the gradients shrinking with it is the
+    optimizer converging, not a collapse. A second-order or full-batch optimizer does it
+    in a few steps: L-BFGS after Adam on a physics-informed net took the loss from 1.5e-3
+    to 2.5e-5, and every layer's gradient fell 1000x, four warnings at one step. Causal,
+    and exact whatever block of rows it is computed in (`trailing_stats`)."""
+    loss = log_level(trace.scalar("loss", lo, stop)[:, None])
+    mean, _ = trailing_stats(loss, th.window, th.warmup)
+    with np.errstate(invalid="ignore"):
+        return (loss <= mean - np.log10(th.jump))[:, 0]
+
+
+def baseline_settings(th: Thresholds) -> tuple[int, int, float, bool]:
+    """The arguments of `find_jumps` under `th`: the only settings its result depends on."""
+    return th.window, th.warmup, th.noise, th.jump <= 1
+
+
+def zeroed(trace: Trace, act: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where a layer with parameters of its own outputs exactly 0 within `window` steps of
+    a nonzero output, and that output's abs-max: (mask, was). A LayerNorm whose weight and
+    bias were zeroed at step 150 read 4.77 -> 0, which a baseline in log space cannot see
+    (log 0); the next layer, fed its zeros, was blamed at step 150, the LayerNorm at 151.
+    Layers without parameters (a ReLU all of whose units are off, a drop-path that drops a
+    whole batch) output zeros in healthy training; dead units are judged apart. The
+    look-back is bounded so that a live scan, which reads `window` steps before its
+    chunk, finds the same."""
+    rows = np.arange(len(act))[:, None]
+    seen = np.isfinite(act) & (act > 0)
+    last = np.maximum.accumulate(np.where(seen, rows, -1), axis=0)
+    owned = np.array([i.has_params for i in trace.layers], bool)[None, :]
+    mask = (act == 0) & owned & (last >= 0) & (rows - last <= window)
+    was = np.take_along_axis(act, np.maximum(last, 0), axis=0)
+    return mask, was
+
+
+def describe(what: str) -> Message:
+    """The sentence of a jump or a collapse of `what`."""
+    def message(n: str, s: int, v: float, p: float, sev: str) -> str:
+        who = f"{n}: {what}" if n else what
+        if v == 0:
+            return f"{who} became exactly 0 at step {s} (was {fmt(p)})"
+        factor = v / p if p > 0 else float("inf")
+        if factor >= 1:
+            return f"{who} jumped {factor:.0f}x at step {s} ({fmt(p)} -> {fmt(v)})"
+        return f"{who} collapsed {1 / factor:.0f}x at step {s} ({fmt(p)} -> {fmt(v)})"
+    return message
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
+             baselines: BaselineCache | None = None) -> list[Finding]:
+    """`baselines`: where to keep the threshold-free part (`Jumps`) for the next call on
+    the same trace and steps (a re-classification); the result is the same without."""
+    act = trace.col("act_absmax", lo, stop)  # float32: the sums are taken in float64
+    grad = trace.col("grad_norm", lo, stop)
+
+    def jumps(name: str, values: np.ndarray) -> Jumps | None:
+        settings = baseline_settings(th)
+        if baselines is None or settings[-1]:  # a jump of 1x or less lists every cell: not kept
+            return None
+        return baselines.get(trace, (name, lo, stop, *settings),
+                             lambda: find_jumps(values, *settings))
+
+    act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
+    zero, was = zeroed(trace, act, th.window)
+    act_codes[zero] = ERROR
+    act_base[zero] = was[zero]
+    grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
+    held_jumps(grad, grad_codes, grad_base, th, GRADIENT_PATIENCE - 1)
+    grad_codes[_revived(grad, grad_base, th)] = OK
+    grad_codes[:, few(trace, "params")] = HOLD
+    rows = np.flatnonzero(converging(trace, lo, stop, th))
+    if len(rows):
+        codes = grad_codes[rows]
+        codes[grad[rows] < grad_base[rows]] = OK
+        grad_codes[rows] = codes
+    act_codes[:, few(trace, "outputs")] = HOLD
+    return [
+        Finding("regime_shift", "activation", act_codes, act, previous=act_base,
+                message=describe("activations (abs-max)")),
+        Finding("regime_shift", "gradient", grad_codes, grad, previous=grad_base,
+                message=describe("gradient norm"), patience=GRADIENT_PATIENCE,
+                hold_counts=False),
+    ]

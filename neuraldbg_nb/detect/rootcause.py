@@ -1,0 +1,119 @@
+"""Root cause, not the loudest symptom: which event is the first failure.
+
+At the step where things first went wrong, blame in this order (DESIGN.md): the data,
+and gradients the loop never zeroed or cleared before the step (what the step computes
+from); then the first layer in forward order whose activations went non-finite, jumped, or died;
+then the loss; then the optimizer's update; and only then the gradients (exploding: the
+layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
+backward signal first collapses, else the deepest vanishing layer; non-finite: the
+deepest layer, where backward starts). The loss comes before the update because a step
+computes it first: a loss that is infinite at a step makes that step's update
+non-finite, and an update's effect on the loss shows only at the next step. A non-finite
+update of a layer whose gradient was non-finite at that step only carried the gradient
+into the weights: it counts as the gradient (`_ranker`). Weights that lost most of their
+size in one update (signal "collapse": zeroed or reset in place, which no optimizer's
+update does) changed before the step's forward: they count as that layer's own change,
+in forward order with the activations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .events import Event
+from .thresholds import Thresholds
+
+_STARTERS = {"regime_shift", "data_anomaly", "exploding_update"}
+"""Warnings that may start a chain an error ends (a gradient jump never starts one)."""
+_ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
+
+
+def _rank(e: Event) -> int:
+    if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated"):
+        return 0
+    if (e.kind in _ACTIVATION and e.signal == "activation") or e.signal == "collapse":
+        return 1
+    if e.kind.startswith("loss_"):
+        return 2
+    if e.kind == "exploding_update":
+        return 3
+    return 4
+
+
+def _ranker(at: list[Event]) -> Callable[[Event], int]:
+    """`_rank`, except that a non-finite update of a layer whose gradient was non-finite
+    at the same step ranks with the gradients: the update only carried the gradient into
+    the weights. A sqrt whose backward met 0 made NaN gradients at step 153, and the
+    first failure read "weights became non-finite during step 153 (learning rate
+    0.001)", as if the learning rate were to blame."""
+    carried = {e.layer for e in at if e.kind == "nonfinite_gradient"}
+
+    def rank(e: Event) -> int:
+        if e.kind == "exploding_update" and e.layer in carried and not math.isfinite(e.value):
+            return 4
+        return _rank(e)
+    return rank
+
+
+def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
+    """The warnings that an error went on from, by id: the same condition of the same
+    layer, open until the step the error began (a layer whose dead units crossed the
+    warning line at step 110 and the error line at step 250). The failure began with
+    the warning: after a learning rate raised 10x at step 100, the first failure was
+    dated step 250, when the warning became an error 140 steps after it began."""
+    grew = {(e.kind, e.signal, e.layer, e.step) for e in errors}
+    return {id(w): w for w in events if w.severity == "warning" and w.end is not None
+            and (w.kind, w.signal, w.layer, w.end) in grew}
+
+
+def _drifting(events: list[Event], first: int) -> dict[int, Event]:
+    """Input drifts still open as the first failure begins, by id: the data moved 100x
+    and more, slowly, and went on moving into the failure (inputs growing 1.06x a step,
+    the drift found at step 205, a layer's gradient exploding at step 235 was blamed).
+    The data comes first, and no step of a drift is a jump for the lookback to find."""
+    return {id(e): e for e in events if e.kind == "data_anomaly" and e.signal == "input_drift"
+            and e.step < first and (e.end is None or e.end >= first)}
+
+
+def first_failure(events: list[Event], th: Thresholds) -> Event | None:
+    """The event that started the first failure, or None for a healthy run."""
+    errors = [e for e in events if e.severity == "error"]
+    if not errors:
+        return None
+    began = _escalated(events, errors)
+    first = min(e.step for e in [*errors, *began.values()])
+    began.update(_drifting(events, first))
+    first = min([first, *(e.step for e in began.values())])
+    chain = [e for e in events
+             if first - th.lookback <= e.step <= first
+             and (e.severity == "error" or id(e) in began
+                  or (e.severity == "warning" and e.kind in _STARTERS
+                      and e.signal != "gradient"))]
+    root_step = min(e.step for e in chain)
+    at = [e for e in chain if e.step == root_step]
+    rank = _ranker(at)
+    best = min(rank(e) for e in at)
+    tied = [e for e in at if rank(e) == best]
+    if best < 4:
+        return min(tied, key=lambda e: (e.order, e.kind))
+    kinds = {e.kind for e in tied}
+    if "nonfinite_gradient" in kinds:
+        return max((e for e in tied if e.kind == "nonfinite_gradient"), key=lambda e: e.order)
+    if "exploding_gradient" in kinds:
+        return max((e for e in tied if e.kind == "exploding_gradient"), key=lambda e: e.value)
+    if "vanishing_gradient" in kinds:
+        saturated = [e for e in events if e.kind == "saturation" and e.step <= root_step
+                     and (e.end is None or e.end > root_step)]
+        if saturated:
+            return max(saturated, key=lambda e: e.order)
+        return max((e for e in tied if e.kind == "vanishing_gradient"), key=lambda e: e.order)
+    return min(tied, key=lambda e: (e.order, e.kind))
+
+
+def symptoms(events: list[Event], root: Event | None) -> list[Event]:
+    """Warnings and errors at or after the root cause's step, other than the root."""
+    if root is None:
+        return []
+    return [e for e in events if e is not root and e.step >= root.step
+            and e.severity in ("warning", "error")]

@@ -1,0 +1,352 @@
+"""Optimizer updates: a layer's weights change by a large fraction in one step.
+
+This is where a bad learning rate shows first: the step's gradients can be ordinary, but
+the update that follows moves the weights by more than they weigh. Read from the weight
+norm after each update (every step) and the update's own size (sampled steps); the row
+that sees it is the step after the update, hence `step_offset=-1`. Weights edited in place
+between two updates (a bug, a bad checkpoint merge) show here too, in the step whose
+forward first uses them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace.columns import WEIGHT_PROBE, Trace
+from .baseline import lagged, within
+from .regime import few
+from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
+from .thresholds import Thresholds
+
+GROWING = 10
+"""Updates after one that started from all-zero weights during which the layer's updates
+are not judged by their size. A zero-initialised tensor (a classifier head, the last
+BatchNorm weight of each residual block under torchvision's `zero_init_residual`, a LoRA
+B matrix) grows from nothing: its second update is as large as its first, so the weights
+double, and with momentum they triple, at any learning rate. After k updates of similar
+size an update is about 1/k of the weights (2/k under a linear warm-up), below
+`max_update` well before this. Weights that go non-finite are still an error at once."""
+
+
+TINY = 1e-4
+"""Weights whose root-mean-square element is below this grow from next to nothing, as
+from zeros (`GROWING`): LayerScale's per-channel gains start at 1e-5 or 1e-6 (CaiT,
+ConvNeXt, DINOv2), where an ordinary Adam step is 10-1000x their size (a transformer's 8
+LayerScale gains were "changed by 5x their size during step 0", the run's first failure).
+Initialisations scaled by fan-in give an RMS of 1/sqrt(fan_in): 0.003 at a fan-in of
+100,000. Judged on layers read whole (at most `WEIGHT_PROBE` elements of their own), in
+the run's first `window` steps: weights that shrink to next to nothing later and jump
+from there are judged as any others."""
+
+
+LR_SIZED = 10.0
+"""At the run's start (its first `window` steps), an update of `max_update` up to this
+many times the weights is a warning, not an error, where it moved the elements by no more
+than the learning rate (the RMS of the step at most `lr`): the optimizer took the step it
+was told to, on weights small against it. Adam's first step moves every element by the
+learning rate; prompt tuning trains a prompt initialised from word embeddings (RMS 0.02)
+at a learning rate of 0.03, and its first update, 1.5x the prompt's size, was an error
+and the run's first failure."""
+
+
+def _lr_sized(trace: Trace, step_rms: np.ndarray, lr: np.ndarray) -> np.ndarray:
+    """Where an update's RMS element is at most the learning rate (with 10% slack for
+    weight decay), on layers the primary optimizer trains."""
+    primary = np.array([i.primary_lr for i in trace.layers], bool)[None, :]
+    with np.errstate(invalid="ignore"):
+        return primary & (step_rms <= 1.1 * lr[:, None])
+
+
+def _tiny(trace: Trace, norms: np.ndarray) -> np.ndarray:
+    """Where a layer's weights, read whole, have an RMS element below `TINY`."""
+    n = np.array([i.params if 0 < i.params <= WEIGHT_PROBE else 0 for i in trace.layers],
+                 np.float64)
+    with np.errstate(invalid="ignore"):
+        return (n > 0)[None, :] & (norms < TINY * np.sqrt(n)[None, :])
+
+
+def _growing(born: np.ndarray, history: int) -> np.ndarray:
+    """Rows within `GROWING` of a row that judges an update from all-zero weights (`born`),
+    per column; within `history` at most, the rows the detector reads before its chunk
+    (`window` + 2), so that a live scan in chunks sees the same rows as a scan in one go."""
+    rows = np.arange(len(born))[:, None]
+    last = np.maximum.accumulate(np.where(born, rows, -1), axis=0)
+    return (last >= 0) & (rows - last < min(GROWING, history))
+
+
+def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    """Updates that move a layer's weights by `max_update` or more of their norm, or make
+    them non-finite. Not judged by size: the updates right after all-zero weights
+    (`GROWING`), and layers whose own parameters are fewer than `regime.FEW` numbers,
+    whose norm falls to nothing and back as a number crosses zero (a normalising flow's
+    2-number scale read "changed by 6.31x" under Adam's ordinary 7e-4 steps)."""
+    w = trace.col("param_norm", lo, stop).astype(np.float64)
+    upd = trace.col("update_ratio", lo, stop).astype(np.float64)
+    lr = trace.scalar("lr", lo, stop)
+    n = w.shape[0]
+    # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
+    after, before, ratio = lagged(w, 1), lagged(w, 2), lagged(upd, 1)
+    # the weights were all zeros (or next to nothing: `TINY`) before it (`GROWING`):
+    # measured so at a sampled step, or read so from the norms of every step (a warm-up
+    # whose first learning rate is 0, or a layer behind another zero-initialised one,
+    # first moves at a step not sampled)
+    born = np.isposinf(ratio)
+    ratio[born] = np.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # no norm is read before the run's first update: at most after / (ratio - 1)
+        start = np.where(np.isnan(before) & (ratio > 1), after / (ratio - 1), before)
+        early = (np.arange(n) + lo < th.window)[:, None]  # at the run's start (`TINY`)
+        born |= ((before == 0) | (early & _tiny(trace, start))) & ~(after <= before) \
+            & np.isfinite(after)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
+    change = np.fmax(change, ratio)
+    blown = ~np.isfinite(after) & ~np.isnan(after)
+    judged = ~np.isnan(change)
+    if born.any():  # rare: one pass over the rows where it is needed
+        judged &= ~_growing(born, th.window + 2)
+    judged[:, few(trace, "params")] = False
+    judged |= blown
+    lr_at, lr_prev = lagged(lr, 1), lagged(lr, 2)  # learning rate of the update judged at row t
+    size = np.array([max(i.params, 0) for i in trace.layers], np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # before the run's first update no norm is read: at least after / (1 + ratio)
+        step_rms = change * np.where(np.isnan(before), after / (1 + ratio), before) \
+            / np.sqrt(size)[None, :]
+    lr_sized = _lr_sized(trace, step_rms, lr_at)
+    mild = early & ~blown & (change < LR_SIZED * th.max_update) & lr_sized
+    codes = grade(judged, (blown | (change >= th.max_update), ERROR))
+    codes[mild & (codes == ERROR)] = WARNING
+    first = lo
+    # the step's lr is the primary optimizer's: not said of layers another one trains
+    other_lr = {i.label for i in trace.layers if not i.primary_lr}
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        text = (f"{name}: weights changed by {v:.3g}x their size during step {s}"
+                if np.isfinite(v) else f"{name}: weights became non-finite during step {s}")
+        row = s + 1 - first
+        if sev == "warning" and 0 <= row < n:  # (`LR_SIZED`)
+            return (f"{text}: each moved by about the learning rate ({fmt(lr_at[row])}), "
+                    f"more than the weights' own size; fine for a small initialisation "
+                    f"(a prompt, an embedding), a learning rate too high otherwise")
+        if p < th.max_update:  # the optimizer's own update was measured, and was small
+            return (f"{name}: weights changed by {v:.3g}x their size during step {s}, but the "
+                    f"optimizer's update moved them only {p:.2g}x: they were changed "
+                    f"outside the optimizer")
+        if name in other_lr:
+            return text
+        if 0 <= row < n and lr_at[row] == lr_at[row] and lr_prev[row] == lr_prev[row] \
+                and lr_at[row] != lr_prev[row]:
+            text += f"; the learning rate went {fmt(lr_prev[row])} -> {fmt(lr_at[row])}"
+        elif 0 <= row < n and lr_at[row] == lr_at[row]:
+            text += f" (learning rate {fmt(lr_at[row])})"
+        return text
+
+    fell = _collapsed(after, before, judged & ~blown & ~lr_sized, trace)
+    # a fall in one update is not also a slow shrink over the updates around it
+    gradual = judged & ~within(fell.codes >= WARNING, SHRINK_UPDATES)
+    value = np.where(blown, np.inf, change)
+    # `previous` carries the optimizer's own update size where it was measured (sampled
+    # steps), so the sentence can tell an optimizer blow-up from weights edited in place
+    return [Finding("exploding_update", "update", codes, value, previous=ratio,
+                    message=message, step_offset=-1),
+            _shrinking(w, gradual, trace), fell]
+
+
+COLLAPSE = 2.5
+"""Weights whose norm fell this many times in one update are a warning, and from
+`COLLAPSE_ERROR` an error (signal "collapse", ranked as the layer's own change by
+`rootcause`): a layer's weights zeroed or reset in place between two steps. A difference
+of norms can show a growth of any size (the rule above) but a fall of at most 1x the
+weights' size, below `max_update`: a conv layer whose weights were zeroed (its bias kept)
+read 1.76 -> 0.616, and nothing named it. An optimizer's update does not take 60% off a
+layer's weights: even a weight decay 500x too strong took 6.17 to 3.09 (`_shrinking`
+finds it). Not judged where the update moved each element by no more than the learning
+rate (`_lr_sized`): gains of LayerScale's size (1e-3) cross zero under Adam's steps."""
+COLLAPSE_ERROR = 5.0
+"""From this fall on, a collapse is an error: the weights lost 80% of their norm, so they
+moved by at least 0.8 of their size, next to `max_update`'s line for an update."""
+
+
+def _collapsed(after: np.ndarray, before: np.ndarray, judged: np.ndarray,
+               trace: Trace) -> Finding:
+    """Weights whose norm fell `COLLAPSE`-fold or more in one update (see there)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fall = np.where(np.isfinite(after) & (after >= 0), before / after, np.nan)
+    codes = grade(judged & ~np.isnan(fall), (fall >= COLLAPSE, WARNING),
+                  (fall >= COLLAPSE_ERROR, ERROR))
+    codes[:, few(trace, "params")] = HOLD
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        lost = 1 - v / p if p > 0 else 1.0
+        return (f"{name}: weights lost {lost:.0%} of their size during step {s} "
+                f"({fmt(p)} -> {fmt(v)}): zeroed or reset in place, outside the optimizer, "
+                f"or an update that overshot")
+
+    return Finding("exploding_update", "collapse", codes, after, previous=before,
+                   message=message, step_offset=-1)
+
+
+SHRINK = 10.0
+"""Weights whose norm fell this many times over the last `SHRINK_UPDATES` updates, each
+update below `max_update`, are a warning: a weight decay set 500x too strong halved a
+layer's weights at every step (6.17 -> 3.09 -> 1.56 ...), an update ratio of 0.5, and
+nothing was said. It ends once the fall over as many updates is under `SHRUNK_OK`."""
+SHRINK_UPDATES = 10
+SHRUNK_OK = 3.0
+
+
+def _shrinking(w: np.ndarray, judged: np.ndarray, trace: Trace) -> Finding:
+    """Weights shrinking `SHRINK`-fold within `SHRINK_UPDATES` updates (signal "shrink"),
+    judged where the exploding-update rule is (`judged`)."""
+    after, then = lagged(w, 1), lagged(w, 1 + SHRINK_UPDATES)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fall = np.where((after > 0) & np.isfinite(then), then / after, np.nan)
+    codes = np.where(np.isnan(fall) | ~judged, HOLD, np.where(
+        fall >= SHRINK, WARNING, np.where(fall < SHRUNK_OK, OK, HOLD))).astype(np.int8)
+    codes[:, few(trace, "params")] = HOLD
+    return Finding("exploding_update", "shrink", codes, after, previous=then,
+                   step_offset=-1,
+                   message=lambda n, s, v, p, sev: f"{n}: weights shrank {p / v:.0f}x in the "
+                                                   f"last {SHRINK_UPDATES} updates, by step {s} "
+                                                   f"({fmt(p)} -> {fmt(v)}): a weight decay "
+                                                   f"far too strong, or updates that pull "
+                                                   f"every weight to 0",
+                   recovery=lambda n, s, v, p, sev: f"{n}: weights steady again ({fmt(v)}) "
+                                                    f"at step {s}")
+
+
+SPARSE_ROWS = frozenset({"Embedding", "EmbeddingBag"})
+"""Layers whose update touches only the rows of the batch: the weight probe's slice (its
+first rows) may rightly not move for many steps."""
+
+
+def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    """Weights that the optimizer's updates leave exactly as they were although they have
+    gradients: a layer left out of the optimizer (it was made from some of the model's
+    parameters, or before the layer was replaced), or a learning rate of 0. Nothing
+    breaks, the loss still falls through the other layers.
+
+    Judged at sampled steps: their update size is exactly 0 only when not one weight of
+    the slice read moved (a tiny learning rate still moves them), and the update of the
+    step before left the weights' norm the very same number. Two updates in a row, so
+    that the first one of a warm-up from a learning rate of 0 is not one. Left out:
+    layers trained by another optimizer than the one that marks the steps (a GAN's
+    generator may rightly sit out several of the critic's steps), embeddings
+    (`SPARSE_ROWS`), and gradients left over from an earlier step (see `pushed`)."""
+    w = trace.col("param_norm", lo, stop).astype(np.float64)
+    upd = trace.col("update_ratio", lo, stop).astype(np.float64)
+    g = trace.col("grad_norm", lo, stop).astype(np.float64)
+    # row t judges the update of step t-1 (as above): its size, the gradient it was
+    # given and the one before, and the weight norms around the update of step t-2
+    ratio, grad, grad_before = lagged(upd, 1), lagged(g, 1), lagged(g, 2)
+    unmoved = lagged(trace.col("update_unmoved", lo, stop).astype(np.float64), 1)
+    w1, w2 = lagged(w, 2), lagged(w, 3)
+    judged = np.array([i.has_params and i.primary_lr and i.type not in SPARSE_ROWS
+                       for i in trace.layers], bool)[None, :]
+    with np.errstate(invalid="ignore"):
+        # a gradient left over from an earlier step (a model done training, a GAN's
+        # generator sitting out a step, without zero_grad) reads the very same norm: it
+        # pushes nothing this step
+        pushed = np.isfinite(grad) & (grad > 0) & (grad != grad_before)
+        # a half-precision layer is judged by how many of its weights stayed put (below)
+        known = judged & pushed & ~np.isnan(ratio) & np.isnan(unmoved)
+        still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
+    codes = grade(known, (still, WARNING))
+    lr = lagged(trace.scalar("lr", lo, stop), 1)  # the learning rate of the update judged
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        text = (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
+                f"though their gradient norm is {fmt(v)}: ")
+        row = s + 1 - lo
+        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        if rate < TOO_SMALL:  # (NaN is not)
+            return text + f"the learning rate is {fmt(rate)}{_since(lr, row, lo)}"
+        return text + ("they are not in the optimizer, or their learning rate is 0 (if "
+                       "they are meant to stay as they are, requires_grad_(False) saves "
+                       "computing their gradients)")
+
+    return [Finding("weights_not_updated", "update", codes, grad, message=message,
+                    recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
+                    step_offset=-1),
+            _rounded(unmoved, judged & pushed, lagged(trace.scalar("lr", lo, stop), 1), lo, th)]
+
+
+TOO_SMALL = 1e-8
+"""A learning rate below this moves no float32 weight of ordinary size (their precision is
+about 1e-7 of a weight): a stall at such a rate is the rate's, and the sentence says so
+instead of guessing at an optimizer that left the layer out. A StepLR stepped per batch
+instead of per epoch took 1e-3 to 2.5e-11 in 60 steps, read "their learning rate is 0"."""
+
+
+def _since(lr: np.ndarray, row: int, lo: int) -> str:
+    """Where the learning rate at `row` took its value, from the rows read: " since step
+    k (was x)" when it moved to it in one step (set by hand, a schedule's drop), ", down
+    from x at step k" when it decayed to it, or nothing when it was so from the start."""
+    now = lr[row]
+    before = np.flatnonzero(np.isfinite(lr[:row]) & (lr[:row] >= TOO_SMALL))
+    if not len(before):
+        return ""
+    k = int(before[-1])
+    if k == row - 1 or np.all(lr[k + 1:row + 1] == now):
+        return f" since step {k + lo} (was {fmt(lr[k])})"
+    return f", down from {fmt(lr[k])} at step {k - 1 + lo}"
+
+
+def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,
+             th: Thresholds) -> Finding:
+    """Half-precision weights that the updates leave as they were: bfloat16 keeps 8
+    significant bits, so an update below about 1/256 of a weight rounds away (float16:
+    1/2048), and a layer whose updates mostly do stops learning while its gradients, its
+    loss and every other number look ordinary. It shows at a small learning rate, late in
+    training as Adam's steps shrink, and in a model cast to bfloat16 whole (`model.bfloat16()`)
+    instead of trained under autocast, which keeps float32 weights.
+
+    Judged at sampled steps (`update_unmoved`, of the weight probe's slice), where the
+    layer has a fresh gradient and the update's learning rate is not 0 (a warm-up's first
+    step). A warning from `th.unmoved` of its weights unchanged; it ends below 0.8 of
+    that, and in between the last verdict holds, so a fraction hovering at the line
+    gives one event. Healthy bfloat16 training leaves a third to three quarters of the
+    weights unchanged late in a run; a stalled one, nine in ten and more."""
+    with np.errstate(invalid="ignore"):
+        seen = judged & ~np.isnan(unmoved) & ~(lr[:, None] <= 0)
+        codes = grade(seen & ((unmoved >= th.unmoved) | (unmoved < 0.8 * th.unmoved)),
+                      (unmoved >= th.unmoved, WARNING))
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        row = s + 1 - lo  # the row that judges the update of step s
+        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        at = f" at a learning rate of {fmt(rate)}" if np.isfinite(rate) else ""
+        return (f"{name}: the update of step {s} left {v:.0%} of its half-precision weights "
+                f"exactly as they were{at}: updates below their precision (about 1/256 of a "
+                f"weight in bfloat16) round away, so the layer has stopped learning. Keep "
+                f"the weights in float32 and run the forward under torch.autocast, or raise "
+                f"the learning rate")
+
+    return Finding("weights_not_updated", "rounding", codes, unmoved, message=message,
+                   recovery=lambda n, s, v, p, sev: (f"{n}: updates move its weights again "
+                                                     f"at step {s} ({v:.0%} left unchanged)"),
+                   step_offset=-1)
+
+
+LR_SLACK = 0.01
+"""Decades a learning rate's move may fall short of `jump` and still count (2.3%): StepLR's
+gamma of 0.1 took 0.05 to 0.005000000000000001, a factor of 10 that reads
+0.9999999999999999 decades in floating point, and its first decay went unreported; a base
+learning rate raised 10x under a cosine schedule that decayed it in the same step moved
+9.975x, and the story could not name it beside the failure it caused."""
+
+
+def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
+    """An info event where the learning rate moves by `jump` or more in one step."""
+    lr = trace.scalar("lr", lo, stop)
+    prev = np.full_like(lr, np.nan)
+    prev[1:] = lr[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = np.abs(np.log10(lr / prev))
+    codes = np.where(np.isnan(factor), HOLD,
+                     np.where(factor >= np.log10(th.jump) - LR_SLACK, INFO, OK)).astype(np.int8)
+    return [Finding("lr_change", "lr", codes[:, None], lr[:, None], previous=prev[:, None],
+                    per_layer=False,
+                    message=lambda n, s, v, p, sev: f"learning rate changed {fmt(p)} -> "
+                                                    f"{fmt(v)} at step {s}")]

@@ -1,0 +1,92 @@
+"""When a live run scans for events (`ScanSchedule`)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..detect.detection import GRADIENT_PATIENCE, Detection, SampledWake, jump_held, rise_held, wake
+from ..detect.thresholds import Thresholds
+from ..trace.columns import Trace
+
+
+class ScanSchedule:
+    """When the live run scans for events: at once when the newest step looks like the
+    start of a sudden one (`wake`), `patience` steps later where it looks like the start
+    of a slow one (reported only once it has held that long: a scan before would find
+    nothing), and for a rise of the loss or a gradient's jump only if it held
+    (`rise_held`, `jump_held`: near a perfect fit both swing from batch to batch, and
+    each swing cost a scan), else in batches sized so that scanning costs about `BUDGET`
+    of the training time, and at least every `MAX_LATENCY` seconds. Batching
+    changes when events are found, never which (the scan is chunk-invariant), so
+    `stop_on` stops at the step of a sudden failure and soon after a slow one. A scan
+    costs about 3 ms however few its new steps (the detectors' fixed numpy work), so a
+    small budget mostly means fewer, larger batches; `MAX_LATENCY` still bounds how late
+    a slow condition shows in the panel."""
+
+    BUDGET = 0.001
+    MAX_LATENCY = 2.0
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.thresholds = thresholds
+        self.interval = 1
+        # steps to scan at: (the step whose gradient jump, or loss rise, to confirm
+        # there), or None: scan regardless
+        self._confirm: dict[int, tuple[int, int] | None] = {}
+        self._sampled_wake = SampledWake()
+        self.woken: list[int] = []  # layers whose sampled fraction crossed at the newest step
+        self._step_time = 0.0  # an average of the step's wall time; 0 until measured
+        self._last_step: float | None = None
+        self._last_scan = time.perf_counter()
+
+    def due(self, trace: Trace, detection: Detection) -> bool:
+        now = time.perf_counter()
+        self._time_step(now)
+        step = trace.n_steps - 1
+        th = self.thresholds
+        woke = wake(trace, th)
+        self.woken = self._sampled_wake(trace, th)
+        if self.woken or "slow" in woke:
+            self._confirm[step + th.patience] = None
+        if "rise" in woke:
+            self._held(step + th.patience, step, -1)
+        if "jump" in woke:
+            self._held(step + GRADIENT_PATIENCE - 1, -1, step)
+        confirm = step in self._confirm
+        if confirm and (held := self._confirm[step]) is not None:
+            risen, jumped = held
+            confirm = ((risen >= 0 and rise_held(trace, th, risen))
+                       or (jumped >= 0 and jump_held(trace, th, jumped)))
+        self._confirm = {s: h for s, h in self._confirm.items() if s > step}
+        pending = trace.n_steps - detection.steps_done
+        return pending > 0 and ("sudden" in woke or confirm or pending >= self.interval
+                                or now - self._last_scan >= self.MAX_LATENCY)
+
+    def _held(self, at: int, risen: int, jumped: int) -> None:
+        """Scan at step `at` if the loss's rise at step `risen`, or the gradient's jump at
+        step `jumped` (-1: none), held until then; a scan there regardless stays so."""
+        if at in self._confirm:
+            held = self._confirm[at]
+            if held is None:
+                return
+            risen, jumped = max(risen, held[0]), max(jumped, held[1])
+        self._confirm[at] = (risen, jumped)
+
+    def _time_step(self, now: float) -> None:
+        """Follow the step time from one step's end to the next. A pause between two
+        steps (an evaluation pass, a block of the same watch entered again minutes
+        later) is not a step: one interval counts for at most twice the average, so a
+        pause raises it by a tenth at most. Counted whole, a 5 s pause made the average
+        of a 35 ms step 0.5 s, the batches of `BUDGET` one step long, and the next few
+        dozen steps each paid a scan (3 ms, 9% of the step)."""
+        last, self._last_step = self._last_step, now
+        if last is None:  # the first step: its start is not known
+            return
+        wall = now - last
+        self._step_time = wall if self._step_time == 0 else \
+            0.9 * self._step_time + 0.1 * min(wall, 2 * self._step_time)
+
+    def scanned(self, cost: float) -> None:
+        self._last_scan = time.perf_counter()
+        if self._step_time > 0:
+            self.interval = max(1, min(10_000, math.ceil(cost / (self.BUDGET * self._step_time))))

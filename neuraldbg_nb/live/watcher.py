@@ -1,0 +1,321 @@
+"""`watch()`: the context manager that ties a probe, detection and captures to one Run.
+
+Data flows one way: the probe records a step into the trace, detection reads the new
+step, captures are taken for what fired, listeners (views) hear about it. Hooks are
+removed on every way out of the block: normal exit, an exception, KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..detect.detection import (
+    Detection,
+    history_rows,
+)
+from ..detect.thresholds import Thresholds
+from ..record.probe import Probe, StepRecord
+from ..record.sampler import is_reference_step
+from ..report.run import Run, TrainingFailure
+from ..trace.columns import Trace
+from .captures import EVENT, REFERENCE, CaptureStore
+from .scans import ScanSchedule
+from .selfcost import SelfCost
+
+StopOn = Literal["error", "never"]
+_last: Run | None = None
+
+
+def last_run() -> Run | None:
+    """The Run of the most recent watch (or `%%neuraldbg` cell) in this process."""
+    return _last
+
+
+def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
+    if model is None:
+        return None
+    if isinstance(model, nn.Module):
+        return [("", model)]
+    if isinstance(model, Mapping):
+        items = list(model.items())
+    elif isinstance(model, Iterable):
+        items = [(str(i), m) for i, m in enumerate(model)]
+    else:
+        items = [("", model)]
+    for name, m in items:
+        if not isinstance(m, nn.Module):
+            raise TypeError(f"watch() takes a torch.nn.Module (or a list/dict of them); got "
+                            f"{type(m).__name__} for {name or 'model'!r}. Pass the model "
+                            f"itself, not its output or its parameters.")
+    return [(f"{name}.", m) for name, m in items]
+
+
+EVAL_ONLY_NOTE = ("every forward of the model ran with gradients off (torch.no_grad() or "
+                  "torch.inference_mode()), so no activations were recorded: neuraldbg "
+                  "records the forwards that train, and leaves evaluation passes out.")
+"""Said once per run (a watch entered again does not repeat it)."""
+
+
+class Watch:
+    """Re-enterable: a second `with` on the same Watch continues the same run."""
+
+    warn_notes = True
+    """Say each note of the run (`run.notes`) as a warning too, as it is made. The cell
+    magic turns it off: it prints the notes itself when the cell ends, and a warning
+    there showed each one twice, pointing at the magic's own code."""
+
+    def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
+                 stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
+                 overhead: float | None = None, activations: bool = True,
+                 trace_mb: float = 64, report: bool | None = None,
+                 **threshold_changes: Any) -> None:
+        if stop_on not in ("error", "never"):
+            raise ValueError(f"stop_on must be 'error' or 'never', got {stop_on!r}")
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, got {sample_every}")
+        if overhead is not None and not 0 < overhead < 1:
+            raise ValueError(f"overhead is a fraction of the step time in (0, 1), e.g. 0.02; "
+                             f"got {overhead!r} (None turns the budget off)")
+        if trace_mb <= 0:
+            raise ValueError(f"trace_mb must be > 0, got {trace_mb}")
+        self.trace_bytes = int(trace_mb * 2**20)
+        if capture_mb < 0:
+            raise ValueError(f"capture_mb must be >= 0, got {capture_mb}")
+        th = (thresholds or Thresholds()).with_(**threshold_changes)
+        self.stop_on = stop_on
+        self.report = report
+        trace = Trace(max_tail_bytes=self.trace_bytes)
+        self._captures = CaptureStore(int(capture_mb * 2**20))
+        self.run = Run(trace, th, self._captures, Detection(th))
+        self._cost = self.run.cost = SelfCost(overhead)
+        self._activations = activations
+        self._probe = Probe(trace, _roots(model), sample_every=sample_every,
+                            hold_refs=capture_mb > 0 and activations,
+                            activations=activations, overhead=overhead,
+                            hold_jump=th.wake_jump, cost=self._cost,
+                            on_step=self._on_step, on_error=self._on_error)
+        self._active = False
+        self._schedule = ScanSchedule(th)
+        self._seen = 0
+
+    def __enter__(self) -> Run:
+        global _last
+        if self._active:
+            raise RuntimeError("this watch is already active; nest a new watch() instead")
+        self._active = True
+        self.run.status = "training"
+        self.run._probe = self._probe
+        self.run.rank = _rank()  # asked again at exit: the group may be made in the block
+        self._probe.attach()
+        _last = self.run
+        return self.run
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        run = self.run
+        run.rank = run.rank or _rank()
+        try:
+            if self._probe.failed:
+                pass  # nothing more to read from it: what it recorded is in the trace
+            elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
+                    and not self._probe.manual_steps and run.trace.n_steps == 0:
+                run.unstepped, why = self._probe.close_partial()
+                self._note(why, f"neuraldbg: {why}", UserWarning)
+            else:
+                self._probe.flush()
+        finally:
+            self._probe.detach()
+            self._active = False
+        if self._probe.compiled_seen and not any("compile" in n for n in run.notes):
+            run.notes.append("parts of the model ran under torch.compile: their activations "
+                             "are not watched (hooks do not run inside compiled graphs); "
+                             "gradients, weights, the loss and the input batch are.")
+        if self._probe.transformed_seen and not any("torch.func" in n for n in run.notes):
+            run.notes.append("parts of the model ran under torch.func transforms (vmap, grad, "
+                             "jvp): their activations and input batches are not watched; "
+                             "the gradients and weights at each optimizer step are.")
+        probe = self._probe
+        if probe.eval_seen and self._activations and not probe.activations_seen \
+                and EVAL_ONLY_NOTE not in run.notes:
+            run.notes.append(EVAL_ONLY_NOTE)
+        if exc_type is None:
+            run.status = "finished"
+        elif issubclass(exc_type, TrainingFailure):
+            run.status = "stopped"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            run.status = "interrupted"
+        else:
+            run.status = "raised"
+            run.exception = exc
+        started = time.perf_counter()
+        run.detection.advance(run.trace)
+        # all caught up: MAX_LATENCY counts from here if the watch is entered again
+        self._schedule.scanned(time.perf_counter() - started)
+        run._notify([])
+        if self.report or (self.report is None and not _in_notebook()):
+            print(run, file=sys.stderr)
+
+    def _on_step(self, record: StepRecord) -> None:
+        run = self.run
+        if self._schedule.due(run.trace, run.detection):
+            started = time.perf_counter()
+            run.detection.advance(run.trace)
+            self._schedule.scanned(time.perf_counter() - started)
+        new = run.detection.emitted[self._seen:]
+        self._seen = len(run.detection.emitted)
+        self._capture(record, new, self._schedule.woken)
+        self._bound_trace()
+        note = self._cost.budget_note(self._activations)
+        if note is not None:
+            self._note(note, f"neuraldbg: {note}")
+        run._notify(new)
+        if self.stop_on == "error" and any(e.severity == "error" for e in new):
+            raise TrainingFailure(run)
+
+    def _on_error(self, exc: Exception, where: str) -> None:
+        """A hook of the probe raised. `TrainingFailure` is the watch's own way out, and
+        with NEURALDBG_STRICT=1 (the test suite) every error is raised again, with its
+        traceback. Any other error is the engine's, not the training's: the run says so
+        (a RuntimeWarning, `run.notes`) and the training goes on, unwatched from there."""
+        if isinstance(exc, TrainingFailure) or os.environ.get("NEURALDBG_STRICT") == "1":
+            raise exc
+        steps = self.run.trace.n_steps
+        note = (f"neuraldbg stopped watching at step {steps}: its own code failed "
+                f"({where}: {type(exc).__name__}: {exc}). The training went on, unchanged "
+                f"and unwatched; the {steps} steps recorded before are kept. This is a bug "
+                f"in neuraldbg: please report it with this message (NEURALDBG_STRICT=1 "
+                f"raises it instead, with its traceback).")
+        self._note(note, note)
+        # the panel shows it now: no step comes to push it before the block ends; a view
+        # failing too must not stop the training
+        with contextlib.suppress(Exception):
+            self.run._notify([])
+
+    def _note(self, note: str, warning: str,
+              category: type[Warning] = RuntimeWarning) -> None:
+        """A note in `run.notes` (and `print(run)`, the panel), said once as a warning
+        too (`warn_notes`), which must not stop the training where warnings are errors."""
+        self.run.notes.append(note)
+        if not self.warn_notes:
+            return
+        try:
+            warnings.warn(warning, category, stacklevel=3)
+        except category:
+            pass  # -W error: the note is in run.notes
+
+    def _bound_trace(self) -> None:
+        """Keep the trace within 1.5 x `trace_mb`: when the exact tail outgrows `trace_mb`,
+        its older half moves into the compacted history (once detection has read it),
+        whose rows are held to half of `trace_mb`."""
+        t = self.run.trace
+        if t.over(self.trace_bytes):
+            detection = self.run.detection
+            detection.advance(t)  # detection reads the steps before they go
+            t.fit(self.trace_bytes, detection.steps_done - history_rows(self.run.thresholds))
+
+    def _capture(self, record: StepRecord, new: list, early: list[int]) -> None:
+        """The tensors of the layers of the new events (and of every layer at a reference
+        step), and of the layers in `early`, whose sampled condition starts here but is
+        reported later (`SampledWake`)."""
+        store = self._captures
+        if store.budget == 0:
+            return
+        fired = {e.order for e in new if e.severity != "info" and e.order >= 0} | set(early)
+        reference = is_reference_step(record.step)
+        if fired or reference or any(e.severity != "info" for e in new):
+            # the batch once per step, under layer None
+            store.add(record.step, None, EVENT if new or early else REFERENCE,
+                      {"batch": record.batch})
+        layers = sorted(fired) + (sorted(record.refs) if reference else [])
+        if not layers:
+            return
+        names = self.run.trace.layer_names
+        owned: dict[int, list[tuple[str, nn.Parameter]]] = {}
+        for name, p, owner in record.params:  # in one pass: a reference takes them all
+            owned.setdefault(owner, []).append((name, p))
+        for idx in layers:
+            if idx >= len(names) or store.has(record.step, names[idx]):
+                continue
+            inp, out = record.refs.get(idx, (None, None))
+            tensors = {"input": inp, "output": out}
+            first_grad = True
+            for name, p in owned.get(idx, []):
+                local = name[len(names[idx]) + 1:]
+                tensors[local] = p
+                tensors[f"{local}.grad"] = p.grad
+                if first_grad and p.grad is not None:
+                    tensors["grad"] = p.grad
+                    first_grad = False
+            store.add(record.step, names[idx], EVENT if idx in fired else REFERENCE, tensors)
+
+
+def _rank() -> tuple[int, int] | None:
+    """(rank, world size) in a distributed run of several processes, None otherwise: each
+    process watches its own replica, and its story says which one it is (a rank's bad
+    batch reaches every rank's gradients through the all-reduce, but only its own
+    input and activations). From the process group where there is one, else from the
+    variables that torchrun and other launchers set (`RANK`, `WORLD_SIZE`): a watch is
+    often entered before the script makes its group (`neuraldbg run`)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        try:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except (KeyError, ValueError):
+            return None
+    return (rank, world) if world > 1 else None
+
+
+def _in_notebook() -> bool:
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    ip = shell.get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def watch(model: Any = None, *, thresholds: Thresholds | None = None,
+          stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
+          overhead: float | None = None, activations: bool = True, trace_mb: float = 64,
+          report: bool | None = None, **threshold_changes: Any) -> Watch:
+    """Watch a training loop: `with watch(model) as run: ...`.
+
+    model: the module to watch (or a list/dict of them); None watches every module with
+        parameters that runs inside the block.
+    thresholds / **threshold_changes: detection settings (`vanish=1e-7`, ...); they can be
+        changed after the run with `run.reclassify(...)`.
+    stop_on: "error" raises `TrainingFailure` at the first error event, so training stops
+        at the cause instead of running on in NaNs.
+    capture_mb: memory budget for captured tensors (0 turns capture off). On the CPU a
+        layer's input and output are kept for capture only at steps where the layer
+        looks unusual, sampled steps and reference steps (see `Probe._unusual`).
+    sample_every: full activation statistics every N steps at most (non-finite values
+        and abs-max are checked every step).
+    overhead: a budget for watching, as a fraction of the step time (e.g. 0.02): the
+        full statistics are sampled less often to fit in what the per-step work (all
+        the rest) leaves of it; where that alone costs more, the run says so (a
+        RuntimeWarning and `run.notes`). Measured in time, so which steps are sampled
+        can differ between two runs; None (the default) samples exactly every
+        `sample_every` steps, reproducibly. Whatever the budget, `run.overhead` reports
+        what watching cost.
+    activations: False watches gradients, weights, the loss and the input only (the
+        cheapest mode: no forward hooks do any work).
+    trace_mb: memory for the exact recent steps of the trace; older steps are compacted
+        into blocks (events found on them are kept exactly) held to half as much, so a
+        run of any length stays within 1.5 x trace_mb.
+    report: print the text summary at exit (default: outside notebooks).
+    """
+    return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,
+                 sample_every=sample_every, overhead=overhead, activations=activations,
+                 trace_mb=trace_mb, report=report, **threshold_changes)

@@ -1,0 +1,156 @@
+"""The live panel under a training cell (an anywidget).
+
+During the run it is fed by the run's step listener, throttled to `MAX_RATE` updates a
+second (a long run never trips Jupyter's message rate limit; each update is one message of
+bounded size). After the run it answers the browser: a click opens the inspector, a
+slider re-classifies the recorded run with the engine's pure detection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from importlib import resources
+from typing import Any
+
+try:
+    import anywidget
+    import traitlets
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the neuraldbg panel needs anywidget: pip install 'neuraldbg_nb[notebook]'"
+    ) from err
+
+from ..detect.events import Event
+from ..report.run import Run
+from . import panel_state
+
+MAX_RATE = 10.0
+"""Panel updates per second at most while training."""
+HELP = "click an event or a cell of the map to inspect it; drag a slider to re-classify"
+LIVE_HELP = ("the map fills live; clicks and sliders are answered when the cell finishes "
+             "(or stops at the failure)")
+
+
+def _static(name: str) -> Any:
+    path = resources.files("neuraldbg_nb") / "static" / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the panel's front end ({name}) is missing: it is built on install. Reinstall "
+            f"with `pip install -e .` (needs npm), or build it with `npm install && npm run "
+            f"build` in the project root.")
+    return path
+
+
+def _warm_charts() -> None:
+    """Import and start the chart renderer in the background once training is over, so
+    the first click on an event does not wait seconds for it."""
+    def warm() -> None:
+        try:
+            from .inspector import warm_up
+            warm_up()
+        except Exception:  # noqa: BLE001 - a failed warm-up only means a slower first chart
+            return
+
+    threading.Thread(target=warm, name="neuraldbg-chart-warmup", daemon=True).start()
+
+
+class Panel(anywidget.AnyWidget):
+    _esm = _static("panel.js")
+
+    layers = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    status = traitlets.Unicode("training").tag(sync=True)
+    step = traitlets.Int(0).tag(sync=True)
+    loss = traitlets.Bytes(b"").tag(sync=True)
+    map = traitlets.Bytes(b"").tag(sync=True)
+    map_cols = traitlets.Int(0).tag(sync=True)
+    map_steps = traitlets.List(traitlets.Int(), [0, 0]).tag(sync=True)
+    map_values = traitlets.Bytes(b"").tag(sync=True)
+    map_act = traitlets.Bytes(b"").tag(sync=True)
+    markers: traitlets.List = traitlets.List().tag(sync=True)
+    first_failure = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+    events: traitlets.List = traitlets.List().tag(sync=True)
+    thresholds = traitlets.Dict().tag(sync=True)
+    selected = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+    inspector_html = traitlets.Unicode("").tag(sync=True)
+    message = traitlets.Unicode("").tag(sync=True)
+    cost = traitlets.Unicode("").tag(sync=True)
+    cost_detail = traitlets.Unicode("").tag(sync=True)
+    notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+
+    def __init__(self, run: Run, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run = run
+        self.original = run
+        self._last_push = 0.0
+        self._notes_pushed = 0  # notes the last push carried: a new one is pushed at once
+        self._unsubscribe = run.subscribe(self._on_step)
+        self.observe(self._on_thresholds, names="thresholds")
+        self.observe(self._on_selected, names="selected")
+        self.push(force=True)
+
+    # -- kernel -> browser ------------------------------------------------------------
+    def _on_step(self, run: Run, new: list[Event]) -> None:
+        if run.status != "training":
+            self.push(force=True)
+            _warm_charts()
+            run.prepare_reclassify()  # so that the first slider move is as fast as the next
+            return
+        self.push(force=len(run.notes) != self._notes_pushed)
+
+    def push(self, force: bool = False) -> None:
+        """Send the run's state, at most `MAX_RATE` times a second unless `force`."""
+        now = time.monotonic()
+        if not force and now - self._last_push < 1.0 / MAX_RATE:
+            return
+        self._last_push = now
+        self._notes_pushed = len(self.run.notes)
+        done = self.run.status != "training"
+        state = panel_state.panel_state(self.run, with_values=done)
+        with self.hold_sync():
+            for name, value in state.items():
+                setattr(self, name, value)
+            if not self.thresholds:
+                self.thresholds = panel_state.thresholds(self.run)
+            self.message = HELP if done else LIVE_HELP
+
+    # -- browser -> kernel ------------------------------------------------------------
+    def _on_thresholds(self, change: dict[str, Any]) -> None:
+        wanted = dict(change["new"] or {})
+        current = panel_state.thresholds(self.run)
+        if self.run.status == "training" or not wanted or wanted == current:
+            return
+        try:
+            self.reclassify(**wanted)
+        except (TypeError, ValueError) as err:
+            self.message = f"thresholds not applied: {err}"
+
+    def reclassify(self, **changes: float) -> Run:
+        """Re-judge the recorded run under new thresholds and redraw everything."""
+        from ..live import watcher
+
+        started = time.perf_counter()
+        new = self.original.reclassify(self.run.thresholds, **changes)
+        if watcher.last_run() is self.run:
+            watcher._last = new
+        self.run = new
+        self.push(force=True)
+        self.message = (f"re-classified {new.trace.n_steps} steps x {new.trace.n_layers} "
+                        f"layers in {1000 * (time.perf_counter() - started):.0f} ms: "
+                        f"{sum(e.severity == 'error' for e in new.events)} errors")
+        if self.selected:  # the inspector shows the new verdicts too
+            self._on_selected({"new": self.selected})
+        return new
+
+    def _on_selected(self, change: dict[str, Any]) -> None:
+        sel = change["new"]
+        if not sel:
+            self.inspector_html = ""
+            return
+        from .inspector import inspector_html
+
+        self.inspector_html = inspector_html(self.run, sel.get("layer"), int(sel.get("step", 0)))
+
+    def close(self) -> None:
+        self._unsubscribe()
+        super().close()

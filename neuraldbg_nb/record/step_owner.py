@@ -1,0 +1,136 @@
+"""Which optimizer's steps are the watch's steps, and what the other optimizers train.
+
+A loop may step several optimizers: a GAN's two, a second one made for the same model
+later in the block (Adam, then L-BFGS), or one made for another model (an earlier copy
+of the watched one). The first optimizer to step that trains a watched weight is the
+primary: its steps close the watch's steps and its learning rate is the step's. The
+others' updates are measured with the primary's (`WeightProbe`), and an optimizer that
+trains none of the watched weights is counted and left alone, unless what it trains is
+the model's input (`trains_the_input`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from ..trace.columns import Trace
+
+
+class StepOwner:
+    """The primary optimizer of one watch, and what each other optimizer trains.
+
+    `owners` is the probe's list of watched weights, (name, parameter, module id), which
+    grows as models are discovered; `index` maps a numbered layer's module id to its
+    index in `trace`. `given`: the watch was given its models (with none, any optimizer
+    may be the first to train a model the watch has yet to discover)."""
+
+    def __init__(self, owners: list[tuple[str, nn.Parameter, int]], index: dict[int, int],
+                 trace: Trace, given: bool) -> None:
+        self._owners = owners
+        self._index = index
+        self._trace = trace
+        self._given = given
+        self._primary: weakref.ref[torch.optim.Optimizer] | None = None
+        # other optimizers: the number of watched weights when last asked, and whether
+        # they train any of them
+        self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
+            weakref.WeakKeyDictionary()
+        self.other_lr: set[int] = set()
+        """Modules whose weights another optimizer trains, not the primary: their layers'
+        learning rate is not the step's (`LayerInfo.primary_lr`)."""
+        # steps of other optimizers since the primary's last one (see `_takes_over`)
+        self._in_a_row: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
+            weakref.WeakKeyDictionary()
+        self.foreign_steps = 0
+        """Steps of optimizers that train no watched weight, while none that does had
+        stepped: an optimizer made for an earlier copy of the model (`Probe.close_partial`)."""
+        self.last_input: weakref.ref[torch.Tensor] | None = None
+        """The tensor the watched model was last called with (`trains_the_input`)."""
+        self.input_trained = False
+        """The primary optimizer trains the model's input: it is not data, and not judged
+        as data (an image optimised from all zeros read "input batch is all zeros")."""
+
+    @property
+    def primary(self) -> torch.optim.Optimizer | None:
+        """The optimizer whose steps are the watch's steps; None before the first one (or
+        once it was freed: the next one to train watched weights takes its place)."""
+        return self._primary() if self._primary is not None else None
+
+    def before_step(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+        """Called as `opt` starts a step: the primary from this step on (`opt` itself
+        where it is or becomes the primary), or None where no optimizer trains watched
+        weights yet and `opt` does not either (a foreign step, counted)."""
+        primary = self.primary
+        if primary is None:
+            if not self._owns(opt):
+                if not self.trains_the_input(opt):
+                    self.foreign_steps += 1
+                    return None
+                self.input_trained = True
+            self._primary = weakref.ref(opt)
+            primary = opt
+        elif primary is not opt and self._takes_over(opt):
+            primary = opt
+        if primary is opt and self._in_a_row:
+            self._in_a_row.clear()
+        return primary
+
+    def trains_watched(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether an optimizer other than the primary one updates watched weights;
+        asked again only when a model is discovered. Layers it trains alone are marked:
+        the step's learning rate is the primary's, not theirs (`LayerInfo.primary_lr`)."""
+        known = self._others.get(opt)
+        if known is None or known[0] != len(self._owners):
+            known = self._others[opt] = (len(self._owners), bool(self._owners)
+                                         and self._owns(opt))
+            primary = self.primary
+            if known[1] and primary is not None:
+                mine = {id(p) for g in primary.param_groups for p in g["params"]}
+                theirs = {id(p) for g in opt.param_groups for p in g["params"]}
+                for _, p, mid in self._owners:
+                    if id(p) in theirs and id(p) not in mine:
+                        self.other_lr.add(mid)
+                        if mid in self._index:
+                            self._trace.update_layer(self._index[mid], primary_lr=False)
+        return known[1]
+
+    def trains_the_input(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether `opt` optimises what the model is fed, not the model: style transfer,
+        feature visualisation, adversarial examples, model inversion. It trains the very
+        tensor the model was last called with, or the model has no weight that takes a
+        gradient (its input is then what the loop trains, however it is transformed on
+        the way in). Such a loop was recorded as one step, with advice to make the
+        optimizer again from the model."""
+        last = self.last_input() if self.last_input is not None else None
+        if last is not None and any(p is last for g in opt.param_groups for p in g["params"]):
+            return True
+        return bool(self._owners) and not any(p.requires_grad for _, p, _ in self._owners)
+
+    def _owns(self, opt: torch.optim.Optimizer) -> bool:
+        if not self._owners:
+            return not self._given
+        mine = {id(p) for _, p, _ in self._owners}
+        return any(id(p) in mine for g in opt.param_groups for p in g["params"])
+
+    def _takes_over(self, opt: torch.optim.Optimizer) -> bool:
+        """Whether `opt`, not the primary optimizer, marks the steps from now on: it
+        trains watched weights and steps a second time without the primary stepping in
+        between (a second model trained after the first in the same block, while the
+        first one's optimizer still exists). A GAN's generator steps once per
+        discriminator step, and a critic's extra steps take over from a generator that
+        stepped first. Before, the second model's steps were never closed: its training
+        was not recorded, and the probe's per-step lists grew with it."""
+        if not self.trains_watched(opt):
+            return False
+        self._in_a_row[opt] = self._in_a_row.get(opt, 0) + 1
+        if self._in_a_row[opt] < 2:
+            return False
+        self._primary = weakref.ref(opt)
+        self._others = weakref.WeakKeyDictionary()  # judged again against the new one
+        self.other_lr.clear()
+        for i in range(self._trace.n_layers):
+            self._trace.update_layer(i, primary_lr=True)
+        return True

@@ -1,0 +1,290 @@
+"""A Run: the record of one watched training (trace, events, captures) and what a user asks
+of it. It reads; it never hooks or trains."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..detect.detection import (
+    BaselineCache,
+    Detection,
+    StateMap,
+    first_failure,
+    keep_baselines,
+    symptoms,
+)
+from ..detect.events import Event
+from ..detect.thresholds import Thresholds
+from ..trace.columns import Trace
+from . import story
+from .captures import Captures
+from .overhead import CostSource, Overhead
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .captures import Capture
+
+STATUS_TEXT = {
+    "training": "is running",
+    "finished": "finished",
+    "stopped": "was stopped at the first failure",
+    "raised": "raised an exception",
+    "interrupted": "was interrupted",
+}
+
+
+class TrainingFailure(RuntimeError):
+    """Raised by `watch(..., stop_on="error")` at the first error; carries the run."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        root = run.first_failure
+        text = root.message if root is not None else "an error event"
+        super().__init__(f"training stopped at step {run.trace.n_steps - 1}: {text}. "
+                         f"Inspect it with run.inspect(run.first_failure) "
+                         f"(the run is this exception's .run, or neuraldbg_nb.last_run()).")
+
+
+class Run:
+    """Everything recorded about one watched training."""
+
+    def __init__(self, trace: Trace, thresholds: Thresholds, captures: Captures,
+                 detection: Detection | None = None) -> None:
+        self.trace = trace
+        self.thresholds = thresholds
+        self.captures = captures
+        self.detection = detection or Detection(thresholds)
+        self.status = "training"
+        self.exception: BaseException | None = None
+        self.selected: Capture | None = None
+        """The capture last opened by `inspect` or a click in the panel."""
+        self.notes: list[str] = []
+        """Plain-language notes about what could not be watched (compiled code, ...)."""
+        self.rank: tuple[int, int] | None = None
+        """(rank, world size) of the process that recorded a distributed run of several
+        processes, None otherwise."""
+        self.unstepped: str | None = None
+        """Why a live run recorded its whole block as one step, where no optimizer step
+        of the watched model was seen (the story's headline says it; a note says more)."""
+        self._probe: Any = None
+        self.cost: CostSource | None = None
+        """The engine's own time per step, measured while training (None when loaded)."""
+        self._saved_cost: Overhead | None = None  # a loaded run's, as it was saved
+        self.loaded_from: Path | None = None
+        """The file a loaded run came from (`load`); None for a live run."""
+        self._listeners: list[Callable[[Run, list[Event]], None]] = []
+        self._baselines = BaselineCache()
+        """What re-classifying this trace computes once (the trailing baselines), shared
+        with the runs re-classified from this one; empty until the first `reclassify` or
+        `prepare_reclassify`."""
+        if detection is None:
+            self.detection.advance(trace)
+
+    # -- results ----------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """Semantic events on transitions, in step order (up to the last recorded step)."""
+        self.detection.advance(self.trace)
+        return self.detection.events
+
+    @property
+    def first_failure(self) -> Event | None:
+        """The root cause: the event that started the first failure."""
+        return first_failure(self.events, self.thresholds)
+
+    @property
+    def symptoms(self) -> list[Event]:
+        """Warnings and errors that followed the first failure."""
+        return symptoms(self.events, self.first_failure)
+
+    @property
+    def states(self) -> StateMap:
+        """Each layer's state at each step (the health map)."""
+        return StateMap(self.events, self.trace.n_steps, self.trace.n_layers)
+
+    @property
+    def overhead(self) -> Overhead | None:
+        """What watching cost over the recent steps, measured as it trained: the engine's
+        time per step and its share of the loop's step (an estimate from inside: see
+        `selfcost`). A loaded run gives what it was when saved; None before a few steps."""
+        return self.cost.summary() if self.cost is not None else self._saved_cost
+
+    @property
+    def status_text(self) -> str:
+        return STATUS_TEXT.get(self.status, self.status)
+
+    def reclassify(self, thresholds: Thresholds | None = None, **changes: Any) -> Run:
+        """The same recorded run judged under other thresholds, without training again.
+
+        Gives exactly the events a live run with those thresholds would have given. On a
+        very long run whose oldest steps were compacted (`trace.full_from > 0`), those steps
+        keep the events found live and only the exact tail is judged again.
+        `run.reclassify(vanish=1e-5)` changes one setting of the current thresholds.
+        The trailing baselines of the trace are computed once and kept (`BaselineCache`)
+        until the trace changes, so moving a slider again re-grades them.
+        """
+        th = (thresholds or self.thresholds).with_(**changes)
+        start = self.trace.full_from  # compacted steps keep the events found live
+        kept = [e for e in self.events if e.step < start]
+        other = Run(self.trace, th, self.captures,
+                    Detection(th, start, kept, baselines=self._baselines))
+        other._baselines = self._baselines
+        other.detection.advance(self.trace)
+        other.status, other.exception, other.notes = self.status, self.exception, self.notes
+        other.unstepped, other.rank = self.unstepped, self.rank
+        other.cost, other._saved_cost = self.cost, self._saved_cost
+        other.loaded_from = self.loaded_from
+        other.selected = self.selected
+        return other
+
+    def prepare_reclassify(self) -> None:
+        """Compute now what re-classifying this run needs whatever the slider thresholds
+        (the trailing baselines, kept until the trace changes), so that the first
+        `reclassify` is as fast as the next. The panel calls it when training ends."""
+        keep_baselines(self.trace, self.thresholds, self._baselines)
+
+    # -- inspection -------------------------------------------------------------------
+    def inspect(self, event: Event | str | None = None, step: int | None = None) -> Capture:
+        """The tensors captured for an event (or a layer name and step), by name:
+        `run.inspect(run.first_failure)["output"]`. Where nothing was captured at that
+        step, the nearest capture of the layer, with a note saying so."""
+        if event is None:
+            event = self.first_failure
+            if event is None:
+                raise LookupError("this run has no failure to inspect; pass an event or a "
+                                  "layer name and a step")
+        if isinstance(event, Event):
+            layer, step = event.layer, event.step
+        else:
+            layer = event
+            if step is None:
+                raise TypeError("inspect(layer_name, step): give the step too")
+            if layer not in self.trace.layer_names:
+                import difflib
+                hint = difflib.get_close_matches(layer, self.trace.layer_names, n=1)
+                raise KeyError(f"no layer {layer!r} in this run"
+                               + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        found = self.captures.find(step, layer)
+        if found is not None and layer is not None:
+            batch = self.captures.find(found.step, None)
+            if batch is not None and batch.step == found.step and "batch" in batch.tensors:
+                found = replace(found, tensors={**found.tensors, "batch": batch["batch"]})
+        if found is None and self.loaded_from is not None:
+            raise LookupError(
+                f"this run was loaded from {self.loaded_from}, and captured tensors are not "
+                f"saved with a run (the trace and the events are): inspect the live run, "
+                f"e.g. neuraldbg_nb.last_run() in the session that trained it")
+        if found is None:
+            budget = self.captures.budget // 2**20
+            raise LookupError(
+                f"nothing was captured for {layer or 'the batch'} in this run (capture "
+                f"budget {budget} MB, {self.captures.dropped} captures dropped); raise it "
+                f"with watch(..., capture_mb=N) or %%neuraldbg --capture-mb N")
+        self.selected = found
+        return found
+
+    def last_healthy(self, capture: Capture) -> Capture | None:
+        """The reference capture of the same layer before `capture` (for comparison)."""
+        return self.captures.last_healthy(capture.step, capture.layer)
+
+    # -- live runs --------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a training step, in loops without an optimizer."""
+        if self._probe is None or not self._probe.attached:
+            raise RuntimeError("run.step() is for use inside the `with watch(...)` block")
+        self._probe.manual_step()
+
+    def log_loss(self, value: Any) -> None:
+        """Record this step's loss where it is not the tensor `backward()` is called on
+        (e.g. a scaled AMP loss, or a loss computed elsewhere)."""
+        if self._probe is None or not self._probe.attached:
+            raise RuntimeError("run.log_loss() is for use inside the `with watch(...)` block")
+        self._probe.log_loss(value)
+
+    def subscribe(self, listener: Callable[[Run, list[Event]], None]) -> Callable[[], None]:
+        """Call `listener(run, new_events)` after every recorded step; returns an
+        unsubscribe function. Views use it to update live."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _notify(self, new: list[Event]) -> None:
+        for listener in list(self._listeners):
+            listener(self, new)
+
+    # -- export -----------------------------------------------------------------------
+    def to_dataframe(self) -> pd.DataFrame:
+        """The trace in long format, one row per (step, layer)."""
+        return self.trace.to_dataframe()
+
+    def save(self, path: str | Path) -> Path:
+        """Save the trace, the events and the settings (not the captured tensors) to a
+        .npz file and a .json beside it; reload with `neuraldbg_nb.load(path)` and
+        re-classify freely. The events are saved because the trace alone cannot give them
+        back where a long run's older steps were compacted (`trace.full_from > 0`): those
+        were found on exact numbers that are no longer kept."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            path = path.with_suffix(".npz")
+        self.trace.save(path)
+        cost = self.overhead
+        meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
+                "notes": self.notes, "unstepped": self.unstepped, "rank": self.rank,
+                "events": [e.to_dict() for e in self.events],
+                "overhead": asdict(cost) if cost is not None else None}
+        path.with_suffix(".json").write_text(json.dumps(_strict(meta), indent=1,
+                                                        allow_nan=False))
+        return path
+
+    def __str__(self) -> str:
+        return story.tell(self)
+
+    def __repr__(self) -> str:
+        return (f"<neuraldbg Run: {self.trace.n_steps} steps, {self.trace.n_layers} layers, "
+                f"{len(self.events)} events, status={self.status!r}>")
+
+
+def load(path: str | Path) -> Run:
+    """A run saved with `Run.save`, ready to re-classify or show: its events as they were
+    found while it trained. (A file saved without them, by an older version, is judged
+    again from its exact steps.)"""
+    path = Path(path)
+    trace = Trace.load(path.with_suffix(".npz"))
+    meta_path = path.with_suffix(".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    th = Thresholds(**_numbers(meta.get("thresholds", {}), Thresholds().as_dict()))
+    saved = meta.get("events")
+    detection = None if saved is None else Detection(
+        th, trace.n_steps, [Event(**_numbers(e, ("value", "previous"))) for e in saved])
+    run = Run(trace, th, Captures(0), detection)
+    run.status = meta.get("status", "finished")
+    run.notes = list(meta.get("notes", []))
+    run.unstepped = meta.get("unstepped")
+    rank = meta.get("rank")
+    run.rank = (int(rank[0]), int(rank[1])) if rank else None
+    if meta.get("overhead"):
+        run._saved_cost = Overhead(**meta["overhead"])  # finite numbers only
+    run.loaded_from = path.with_suffix(".npz")
+    return run
+
+
+def _strict(x: Any) -> Any:
+    """`x` with its non-finite floats as the strings "nan", "inf" and "-inf": strict JSON
+    has no NaN, and a saved run is read by other tools too (`_numbers` reads them back)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_strict(v) for v in x]
+    return x
+
+
+def _numbers(d: dict[str, Any], keys: Any) -> dict[str, Any]:
+    """`d` with the values of `keys` that `_strict` wrote as strings made floats again."""
+    return {k: float(v) if k in keys and isinstance(v, str) else v for k, v in d.items()}

@@ -1,0 +1,8 @@
+"""The run's record: steps x layers numeric columns (numpy only, no torch).
+
+Recording appends to it, detection reads it, reports save and load it.
+"""
+
+from .columns import LAYER_COLUMNS, REAPPLIED, ROLES, WEIGHT_PROBE, LayerInfo, Trace
+
+__all__ = ["LAYER_COLUMNS", "REAPPLIED", "ROLES", "WEIGHT_PROBE", "LayerInfo", "Trace"]

@@ -1,0 +1,69 @@
+"""The benchmark scripts still run (short mode); their numbers are not judged here (timing
+belongs in benchmarks/RESULTS.md, measured by hand, not in CI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_overhead_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp")
+    assert "neuraldbg default" in out and "plain vs plain" in out
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "cnn", "--threads", "1",
+               "--clock", "cpu")
+    assert "cpu clock" in out and "neuraldbg default" in out
+
+
+def test_overhead_benchmark_times_only_the_configurations_asked_for() -> None:
+    """`--configs` keeps the control beside the chosen rows (the noise they are read
+    against) and drops the rest; an unknown key is refused with the known ones."""
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp", "--configs",
+               "floor_reduce")
+    assert "floor: gradient read + one min/max per layer output" in out
+    assert "plain vs plain" in out and "neuraldbg default" not in out
+    done = subprocess.run([sys.executable, "benchmarks/overhead.py", "--quick", "--configs",
+                           "nosuch"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode != 0 and "unknown config(s) nosuch" in done.stderr
+    assert "floor_reduce" in done.stderr
+
+
+def test_self_time_benchmark_runs_in_quick_mode_and_charges_every_part() -> None:
+    out = _run("benchmarks/self_time.py", "--quick")
+    assert "neuraldbg default" in out and "gradients only" in out
+    total = next(line for line in out.splitlines() if line.startswith("total "))
+    quiet, mean = total.split()[1], total.split()[5]  # "total  quiet / sampled / mean"
+    assert float(quiet) > 0 and float(mean) > 0  # the wrappers saw the engine's code run
+
+
+def test_compare_benchmark_runs_a_checkout_beside_this_one() -> None:
+    """Compared with itself (the same sources imported under two names), both versions
+    are timed and the difference row is there; a path without a package is refused."""
+    out = _run("benchmarks/compare.py", "--base", str(ROOT), "--models", "mlp", "--rounds",
+               "2", "--steps", "1", "--warmup", "1")
+    assert out.count(" base ") >= 1 and "this - base" in out
+    done = subprocess.run([sys.executable, "benchmarks/compare.py", "--base", "/nonexistent"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "no neuraldbg_nb/__init__.py" in done.stderr
+
+
+def test_panel_scale_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/panel_scale.py", "--quick")
+    assert "re-classify" in out and "live message size" in out
+
+
+def test_memory_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/memory.py", "--quick")
+    assert "Capture budget: peak RSS" in out and "peak RSS - capture_mb=0" in out
+    assert "capture_mb=64" in out and "Trace bound" in out
