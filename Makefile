@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test browser lab bench bench-quick lint clean
+.PHONY: setup demo test test-fast browser lab lessons bench bench-quick lint clean
 
 $(STAMP): pyproject.toml package.json package-lock.json
 	python3 -m venv $(VENV)
@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml package.json package-lock.json
 	# the CPU build on this machine's disk; a bare `torch` would pull a multi-GB CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	npm ci --no-audit --no-fund --loglevel=error
-	$(PY) -m pip install -q -e '.[notebook,test]'
+	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -27,13 +27,25 @@ browser:
 test: setup browser
 	npm run typecheck
 	npm test
-	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks
+	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks notebooks
 	$(VENV)/bin/mypy neuraldbg_nb
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
+# the edit-test loop: the Python tests without a browser, notebooks, torchrun, benchmark
+# scripts or trainings in subprocesses (about 2 minutes on 2 cores)
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not browser and not lessons and not distributed and not benchmarks"
+
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/
+
+# The lessons' sources are the percent scripts notebooks/NN_*.py (jupytext pairs them with
+# the notebooks: notebooks/jupytext.toml). This writes each committed notebook from its
+# script, without outputs; cell ids and metadata are kept from the notebook already there.
+lessons: setup
+	$(VENV)/bin/jupytext --to ipynb --update notebooks/[0-9][0-9]_*.py
+	$(VENV)/bin/jupyter nbconvert --clear-output --inplace --log-level=WARN notebooks/[0-9][0-9]_*.ipynb
 
 bench: setup
 	$(PY) benchmarks/overhead.py
@@ -48,7 +60,7 @@ bench-quick: setup
 	$(PY) benchmarks/memory.py --quick
 
 lint: setup
-	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks
+	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks notebooks
 	$(VENV)/bin/mypy neuraldbg_nb
 	$(VENV)/bin/lint-imports
 

@@ -9,10 +9,10 @@ version as a quad of `--steps`-step blocks on its copy (plain, watched, watched,
 the two versions in an order swapped every other round; a version's ratio is its two
 watched blocks over its two plain blocks, and the table gives the median over the rounds.
 Each version's plain blocks train its own copy: two copies made alike train up to 3%
-apart (until session 19 both versions shared one plain copy, and their difference
-carried their copies' gap). Runs of `overhead.py` minutes apart differ by 0.03-0.05 on
-this machine, more than most single changes move them; here both versions are timed in
-the same rounds.
+apart, and a plain copy shared by both versions would put that gap into their
+difference. Runs of `overhead.py` minutes apart differ by 0.03-0.05 on a shared machine,
+more than most single changes move them; here both versions are timed in the same
+rounds.
 Compare a checkout with itself first (`--base .`) to see what noise looks like: on the
 CNN, 16 rounds of identical code gave a median difference of +0.024.
 """

@@ -15,11 +15,10 @@
    in three children and the median one is used (`BASELINE_RUNS`). The child reports its
    peak RSS (`ru_maxrss` / VmHWM, the kernel's high-water mark of resident memory, which
    includes the interpreter, torch and the training itself) and, from a wrapper around its
-   `CaptureStore.add` (capture.py is not changed), the store's accounted bytes after every
-   add, the bytes its tensors really hold (distinct storages) and the largest copy one
-   add made. The claim checked: the store's bytes never exceed the budget, and peak RSS
+   `CaptureStore.add`, the store's accounted bytes after every add, the bytes its tensors
+   really hold (distinct storages) and the largest copy one add made. The claim checked: the store's bytes never exceed the budget, and peak RSS
    grows beyond the `capture_mb=0` run by at most the budget plus a slack: the largest
-   copy one add made (kept in the slack although the store now makes room before it
+   copy one add made (kept in the slack, although the store makes room before it
    copies), one step's layer outputs (watch() holds them to the end of sampled,
    reference and unusual steps when capture_mb > 0) and `SLACK_FIXED`.
 

@@ -7,14 +7,14 @@
 
 Everything runs in one process. Every configuration trains a copy of its own of the
 model (the same weights, batches and AdamW optimizer), so that no run sees another
-loop's updates and every copy stays in the same early, healthy stretch of training (with
-one model shared by all the loops, the MLP's middle layers died after about 1,200 steps
-of them together, and the default watch then timed its own error events and captures).
-Its plain blocks train that same copy (see `main`: two copies made alike train at speeds
-up to 3% apart). Each round times every configuration once, in an order rotated from
-round to round, as a quad of `--steps`-step blocks: plain, configuration,
-configuration, plain. The round's ratio for
-that configuration is its two blocks' time over the two plain blocks around them
+loop's updates and every copy stays in the same early, healthy stretch of training (one
+model shared by all the loops would train for all of them, and the MLP's middle layers
+die after about 1,200 such steps: the default watch would then time its own error events
+and captures). Its plain blocks train that same copy (see `main`: two copies made alike
+train at speeds up to 3% apart). Each round times every configuration once, in an order
+rotated from round to round, as a quad of `--steps`-step blocks: plain, configuration,
+configuration, plain. The round's ratio for that configuration is its two blocks' time
+over the two plain blocks around them
 (paired: a slow minute of the shared machine hits both sides of the ratio, where an
 unpaired ratio of medians takes it whole), and the ratio printed is the median over
 rounds. The `plain vs plain (control)` row times the plain loop against itself the same
@@ -114,8 +114,8 @@ def make_mlp() -> Bench:
 
 
 def make_mlp_dying() -> Bench:
-    """The MLP the benchmarks timed until session 20: PyTorch's default init, whose ReLU
-    units die (see `make_mlp`); what watching a run that keeps warning costs."""
+    """The same MLP with PyTorch's default init, whose ReLU units die (see `make_mlp`):
+    what watching a run that keeps warning costs."""
     return Bench("mlp-dying", "MLP 8x512 dying", _relu_mlp(), _teacher((128, 512), 10),
                  nn.functional.cross_entropy)
 
@@ -199,7 +199,8 @@ MODELS: dict[str, Callable[[], Bench]] = {
     "mlp": make_mlp, "cnn": make_cnn, "transformer": make_transformer, "deep": make_deep,
     "cnn-cl": make_cnn_channels_last, "mlp-dying": make_mlp_dying}
 DEFAULT_MODELS = ("mlp", "cnn", "transformer", "deep")
-"""Run when no `--models` is given: the four models the overhead targets name."""
+"""Run when no `--models` is given: a fully connected net, a CNN, a transformer and a deep
+stack of small layers."""
 
 
 def fresh(key: str) -> Bench:
@@ -220,7 +221,7 @@ def step(b: Bench) -> torch.Tensor:
 
 
 def step_item_norms(b: Bench) -> dict[str, float]:
-    """The seed tool's style: one `.item()` per parameter after backward."""
+    """A hand-written gradient monitor: one `.item()` per parameter after backward."""
     x, y = b.batch()
     b.opt.zero_grad(set_to_none=True)
     loss = b.loss_fn(b.model(x), y)
@@ -270,8 +271,8 @@ def reducing_hooks(b: Bench) -> Iterator[None]:
     """A forward hook on every leaf module that takes the reduction the watch takes of
     its output and keeps the values: `reductions.min_max` (`amin` and `amax`, or `aminmax` on
     small outputs), `amax` alone where the output cannot be negative, none for a ReLU
-    (the watch derives its max from its input's). The least the issue's per-step
-    activation summary can cost, with no bookkeeping, no input batch, weight or loss
+    (the watch derives its max from its input's). The least a per-step activation summary
+    that never misses a NaN can cost, with no bookkeeping, no input batch, weight or loss
     summaries and no detection. With `step_gradient_floor`, a floor for the default
     mode."""
     def reduce(module: nn.Module, args: tuple, output: object) -> None:
@@ -511,14 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         cfgs = [c for c in cfgs if c.key == "plain" or c.key in wanted]
     plain_cfg, others = cfgs[0], cfgs[1:]
     # per model and configuration, one copy, timed plain and by the configuration in
-    # turn. Until session 19 the plain blocks trained a second copy made alike; but two
-    # copies of one model, the same numbers in other memory, train at speeds up to 3%
-    # apart for a whole run (four copies of the MLP 8x512: 35.2, 34.2, 35.0, 34.8 ms a
-    # step), and each ratio carried its pair's gap: the floor of a gradient read and a
-    # min/max per layer output read 1.07 against another copy, 0.99 against its own.
-    # The plain steps between watched blocks are training the watch does not see;
-    # re-entered, it goes on from there (10 AdamW updates move weights far less than
-    # any line).
+    # turn: two copies of one model, the same numbers in other memory, train at speeds up
+    # to 3% apart for a whole run (four copies of the MLP 8x512: 35.2, 34.2, 35.0, 34.8 ms
+    # a step), and a ratio against another copy would carry that pair's gap. The plain
+    # steps between watched blocks are training the watch does not see; re-entered, it
+    # goes on from there (10 AdamW updates move weights far less than any line).
     copies = {k: {c.key: fresh(k) for c in others} for k in keys}
     titles = {k: copies[k][others[0].key].title for k in keys}
     # per model: each configuration's paired ratio per round, and every plain block's time

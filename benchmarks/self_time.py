@@ -42,19 +42,19 @@ import overhead as ob  # the same models and training step
 import neuraldbg_nb
 from neuraldbg_nb.detect import detection
 from neuraldbg_nb.live import watcher
-from neuraldbg_nb.record import probe, reductions
+from neuraldbg_nb.record import forward, optimizer, probe, reductions
 
 # part -> the functions charged to it: (owner, attribute name)
 PARTS: dict[str, list[tuple[Any, str]]] = {
-    "layer hooks (one reduction each)": [(probe.Probe, "_post")],
+    "layer hooks (one reduction each)": [(forward.Forward, "post")],
     "rich statistics (sampled steps)": [(reductions, "rich_activation"),
-                                        (probe.Probe, "_reduce_rows")],
+                                        (forward.Forward, "reduce_rows")],
     "input batch and loss": [(probe.Probe, "_root_pre"), (probe.Probe, "_root_post"),
                              (probe.Probe, "_on_backward")],
     "gradient norms": [(reductions, "grouped_norms")],
     "transfer to the host": [(reductions.Scalars, "to_host")],
     "step row (trace, host-side)": [(probe.Probe, "_opt_pre"), (probe.Probe, "_opt_post")],
-    "weight probe (after the update)": [(probe.Probe, "_after_update")],
+    "weight probe (after the update)": [(optimizer.Optimizers, "after_update")],
     "wake test and scan schedule": [(watcher.ScanSchedule, "due")],
     "detection scans": [(detection.Detection, "advance")],
     "captures": [(watcher.Watch, "_capture")],

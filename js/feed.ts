@@ -1,6 +1,7 @@
 /**
- * The first failure, pinned in one sentence, and the event feed: causes in step order with
- * their symptoms grouped under them. Long feeds render only their latest rows.
+ * The first failure, pinned in one sentence with its likely causes under it (a learning
+ * rate moved, weights changed outside the optimizer), and the event feed: causes in step
+ * order with their symptoms grouped under them. Long feeds render only their latest rows.
  */
 import { eventPick, firstPicked, pickedIds, type FirstFailure, type PanelEvent, type Clicked, type Snapshot } from "./model";
 
@@ -109,7 +110,11 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
   first.setAttribute("role", "button");
   const firstLabel = span("ndbg-first-failure-label", "first failure");
   const firstText = span("ndbg-first-failure-message", "");
-  first.append(firstLabel, firstText);
+  const firstCauses = document.createElement("div");
+  firstCauses.className = "ndbg-first-failure-causes";
+  firstCauses.hidden = true;
+  first.append(firstLabel, firstText, firstCauses);
+  let shownCauses = "";
 
   const feed = document.createElement("div");
   feed.className = "ndbg-feed";
@@ -138,6 +143,13 @@ export function createFeed(parent: HTMLElement, options: FeedOptions): FeedView 
       first.dataset.step = String(shownFirst.step);
       firstText.textContent = shownFirst.message;
       first.title = "click to inspect";
+    }
+    const causes = shownFirst ? s.likelyCauses : [];
+    const joined = causes.join("\n");
+    if (joined !== shownCauses) {
+      shownCauses = joined;
+      firstCauses.replaceChildren(...causes.map((text) => span("ndbg-likely-cause", text)));
+      firstCauses.hidden = causes.length === 0;
     }
 
     byId = new Map(s.events.map((ev) => [ev.id, ev]));

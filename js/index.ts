@@ -15,13 +15,13 @@ import { createSliders } from "./sliders";
 import { createPythonSync } from "./sync";
 
 /** Traits whose change means Python answered a thresholds change. */
-const RECLASSIFIED: ReadonlySet<TraitName> = new Set<TraitName>(["events", "map", "markers", "first_failure", "message"]);
+const RECLASSIFIED: ReadonlySet<TraitName> = new Set<TraitName>(["events", "map", "markers", "first_failure", "likely_causes", "message"]);
 /** Stop showing "reclassifying..." after this long without an answer. */
 export const RECLASSIFY_TIMEOUT_MS = 10_000;
 
 const HEADER: readonly TraitName[] = ["status", "step", "loss", "cost", "cost_detail", "notes"];
 const MAP: readonly TraitName[] = ["layers", "map", "map_cols", "map_steps", "map_values", "map_act", "markers", "selected"];
-const FEED: readonly TraitName[] = ["events", "first_failure", "selected", "status"];
+const FEED: readonly TraitName[] = ["events", "first_failure", "likely_causes", "selected", "status"];
 
 function touches(changed: ReadonlySet<TraitName>, traits: readonly TraitName[]): boolean {
   return traits.some((t) => changed.has(t));
@@ -92,7 +92,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
     sliders.setBusy(on);
     root.dataset.reclassifying = String(on);
   }
-  const sliders = createSliders(root, first.thresholds, {
+  const sliders = createSliders(root, first.sliders, first.thresholds, {
     onChange(thresholds: Thresholds) {
       setReclassifying(true);
       sync.set("thresholds", thresholds);
@@ -124,7 +124,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
       feedDirty = false;
       feed.update(s, pick);
     }
-    if (changed.has("thresholds")) sliders.update(s.thresholds);
+    if (changed.has("thresholds") || changed.has("sliders")) sliders.update(s.thresholds, s.sliders);
     if (mapDirty) {
       mapDirty = false;
       root.dataset.drawMs = heatmap.draw().toFixed(2);

@@ -2,7 +2,8 @@
  * The panel's model: the traits the Python widget syncs, typed, plus the readers that turn
  * the binary traits (traitlets.Bytes arrive as DataView) into typed arrays.
  *
- * Mirrors the Python panel widget trait for trait; Python -> JS unless marked otherwise.
+ * Mirrors the Python panel widget trait for trait (tests/test_one_home.py checks
+ * that `TRAITS` and the Python traits agree); Python -> JS unless marked otherwise.
  */
 import type { AnyModel } from "@anywidget/types";
 
@@ -34,12 +35,21 @@ export interface PanelEvent extends FirstFailure {
   symptom_of: number | null;
 }
 
-export interface Thresholds {
-  vanish: number;
-  explode: number;
-  jump: number;
-  dead: number;
-  saturated: number;
+/** Threshold values by setting name (neuraldbg_nb.Thresholds fields): those with a slider. */
+export type Thresholds = Record<string, number>;
+
+/** One threshold slider, described by Python from the setting it moves. */
+export interface SliderSpec {
+  key: string;
+  label: string;
+  /** The setting's meaning (its docstring), for the tooltip. */
+  help: string;
+  /** The setting's default, shown until Python sends `thresholds`. */
+  default: number;
+  min: number;
+  max: number;
+  /** Log scale (ratio-like settings) or linear (fractions). */
+  log: boolean;
 }
 
 export interface Selection {
@@ -151,9 +161,13 @@ export interface PanelTraits {
   map_act: Binary;
   markers: Marker[];
   first_failure: FirstFailure | null;
+  /** What probably made the first failure happen there, in sentences (empty: none found). */
+  likely_causes: string[];
   events: PanelEvent[];
   /** Two-way: sliders write it back. */
   thresholds: Thresholds;
+  /** The sliders, in order: which settings, their labels, spans and scales. */
+  sliders: SliderSpec[];
   /** JS -> Python: the event or cell the user clicked; null when the inspector is closed. */
   selected: Selection | null;
   inspector_html: string;
@@ -181,8 +195,10 @@ export const TRAITS: readonly TraitName[] = [
   "map_act",
   "markers",
   "first_failure",
+  "likely_causes",
   "events",
   "thresholds",
+  "sliders",
   "selected",
   "inspector_html",
   "message",
@@ -230,8 +246,10 @@ export interface Snapshot {
   mapAct: Float32Array;
   markers: Marker[];
   firstFailure: FirstFailure | null;
+  likelyCauses: string[];
   events: PanelEvent[];
   thresholds: Thresholds;
+  sliders: SliderSpec[];
   selected: Selection | null;
   inspectorHtml: string;
   message: string;
@@ -240,14 +258,10 @@ export interface Snapshot {
   notes: string[];
 }
 
-/** Used only until Python sends `thresholds` (same as neuraldbg_nb.Thresholds). */
-export const DEFAULT_THRESHOLDS: Thresholds = {
-  vanish: 1e-6,
-  explode: 1e3,
-  jump: 10,
-  dead: 0.5,
-  saturated: 0.5,
-};
+/** The sliders' defaults: what they show until Python sends `thresholds`. */
+export function defaults(sliders: readonly SliderSpec[]): Thresholds {
+  return Object.fromEntries(sliders.map((s) => [s.key, s.default]));
+}
 
 function steps(value: unknown): [number, number] {
   if (Array.isArray(value) && value.length >= 2) {
@@ -257,6 +271,7 @@ function steps(value: unknown): [number, number] {
 }
 
 export function snapshot(model: PanelModel): Snapshot {
+  const sliders = model.get("sliders") ?? [];
   return {
     layers: model.get("layers") ?? [],
     status: model.get("status") ?? "training",
@@ -269,8 +284,10 @@ export function snapshot(model: PanelModel): Snapshot {
     mapAct: readFloat32(model.get("map_act")),
     markers: model.get("markers") ?? [],
     firstFailure: model.get("first_failure") ?? null,
+    likelyCauses: model.get("likely_causes") ?? [],
     events: model.get("events") ?? [],
-    thresholds: { ...DEFAULT_THRESHOLDS, ...(model.get("thresholds") ?? {}) },
+    thresholds: { ...defaults(sliders), ...(model.get("thresholds") ?? {}) },
+    sliders,
     selected: model.get("selected") ?? null,
     inspectorHtml: model.get("inspector_html") ?? "",
     message: model.get("message") ?? "",

@@ -1,30 +1,17 @@
 /**
  * Threshold sliders. Each maps a 0..STEPS range input onto its threshold, in log space for
- * the ratio-like thresholds. The value next to a slider follows the thumb ("input"); the
- * new thresholds go to Python when the thumb is released ("change"), and the panel shows
- * "reclassifying..." until Python answers with new events or a new map.
+ * the ratio-like thresholds. Which sliders there are, and each one's span, scale and help,
+ * come from Python (the `sliders` trait, made from neuraldbg_nb.Thresholds). The value next
+ * to a slider follows the thumb ("input"); the new thresholds go to Python when the thumb
+ * is released ("change"), and the panel shows "reclassifying..." until Python answers with
+ * new events or a new map.
  */
 import { formatNumber } from "./format";
-import type { Thresholds } from "./model";
+import type { SliderSpec, Thresholds } from "./model";
+
+export type { SliderSpec } from "./model";
 
 export const STEPS = 1000;
-
-export interface SliderSpec {
-  key: keyof Thresholds;
-  label: string;
-  help: string;
-  min: number;
-  max: number;
-  log: boolean;
-}
-
-export const SLIDERS: readonly SliderSpec[] = [
-  { key: "vanish", label: "vanishing grad <", help: "gradient norm below which a layer's gradients vanish", min: 1e-10, max: 1e-2, log: true },
-  { key: "explode", label: "exploding grad >", help: "gradient norm above which a layer's gradients explode", min: 1, max: 1e8, log: true },
-  { key: "jump", label: "regime jump \u00d7", help: "change against the layer's recent history that counts as a regime shift", min: 2, max: 1000, log: true },
-  { key: "dead", label: "dead units \u2265", help: "fraction of zero activations after a ReLU-like layer that counts as dead", min: 0.1, max: 1, log: false },
-  { key: "saturated", label: "saturated \u2265", help: "fraction of saturated units after a bounded activation", min: 0.1, max: 1, log: false },
-];
 
 /** Two significant digits: slider values read as "3.2e-5", not "3.1622776e-5". */
 export function roundNice(x: number): number {
@@ -62,8 +49,11 @@ export function formatThreshold(spec: SliderSpec, value: number): string {
 
 export interface SlidersView {
   readonly el: HTMLElement;
-  /** Show thresholds from Python (a slider being dragged keeps its thumb). */
-  update(thresholds: Thresholds): void;
+  /**
+   * Show thresholds from Python (a slider being dragged keeps its thumb); `specs`, where
+   * given and different from the sliders shown, builds them again.
+   */
+  update(thresholds: Thresholds, specs?: readonly SliderSpec[]): void;
   setBusy(busy: boolean): void;
 }
 
@@ -72,7 +62,12 @@ export interface SlidersOptions {
   onChange(thresholds: Thresholds): void;
 }
 
-export function createSliders(parent: HTMLElement, initial: Thresholds, options: SlidersOptions): SlidersView {
+export function createSliders(
+  parent: HTMLElement,
+  specs: readonly SliderSpec[],
+  initial: Thresholds,
+  options: SlidersOptions,
+): SlidersView {
   const root = document.createElement("div");
   root.className = "ndbg-sliders";
   const head = document.createElement("div");
@@ -86,15 +81,19 @@ export function createSliders(parent: HTMLElement, initial: Thresholds, options:
   busy.hidden = true;
   head.append(title, busy);
   root.appendChild(head);
+  const rows = document.createElement("div");
+  rows.className = "ndbg-slider-rows";
+  root.appendChild(rows);
 
   let current: Thresholds = { ...initial };
-  let dragging: keyof Thresholds | null = null;
-  const inputs = new Map<keyof Thresholds, { input: HTMLInputElement; value: HTMLElement; spec: SliderSpec }>();
+  let dragging: string | null = null;
+  let shownSpecs = "";
+  const inputs = new Map<string, { input: HTMLInputElement; value: HTMLElement; spec: SliderSpec }>();
 
-  for (const spec of SLIDERS) {
-    const row = document.createElement("label");
-    row.className = "ndbg-slider-row";
-    row.title = spec.help;
+  function row(spec: SliderSpec): HTMLElement {
+    const line = document.createElement("label");
+    line.className = "ndbg-slider-row";
+    line.title = spec.help;
     const name = document.createElement("span");
     name.className = "ndbg-slider-label";
     name.textContent = spec.label;
@@ -108,8 +107,7 @@ export function createSliders(parent: HTMLElement, initial: Thresholds, options:
     input.setAttribute("aria-label", spec.help);
     const value = document.createElement("span");
     value.className = `ndbg-slider-value ndbg-slider-value-${spec.key}`;
-    row.append(name, input, value);
-    root.appendChild(row);
+    line.append(name, input, value);
     inputs.set(spec.key, { input, value, spec });
 
     input.addEventListener("input", () => {
@@ -124,22 +122,37 @@ export function createSliders(parent: HTMLElement, initial: Thresholds, options:
       current = { ...current, [spec.key]: next };
       options.onChange(current);
     });
+    return line;
   }
-  parent.appendChild(root);
+
+  function build(next: readonly SliderSpec[]): void {
+    shownSpecs = JSON.stringify(next);
+    inputs.clear();
+    dragging = null;
+    rows.replaceChildren(...next.map(row));
+    root.hidden = next.length === 0;
+  }
 
   function show(thresholds: Thresholds): void {
     current = { ...thresholds };
     for (const [key, { input, value, spec }] of inputs) {
       if (key === dragging) continue;
-      input.value = String(toSlider(spec, thresholds[key]));
-      value.textContent = formatThreshold(spec, thresholds[key]);
+      const v = thresholds[key] ?? spec.default;
+      input.value = String(toSlider(spec, v));
+      value.textContent = formatThreshold(spec, v);
     }
   }
+
+  build(specs);
+  parent.appendChild(root);
   show(initial);
 
   return {
     el: root,
-    update: show,
+    update(thresholds, next) {
+      if (next !== undefined && JSON.stringify(next) !== shownSpecs) build(next);
+      show(thresholds);
+    },
     setBusy(on) {
       busy.hidden = !on;
       root.classList.toggle("ndbg-busy", on);

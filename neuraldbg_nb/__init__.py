@@ -4,6 +4,8 @@ Importing this package imports neither IPython nor anywidget nor altair; the not
 parts load when `%load_ext neuraldbg_nb` or a view asks for them.
 """
 
+import importlib.metadata as _metadata
+
 from .detect import detect
 from .detect.events import Event, Kind
 from .detect.thresholds import Thresholds
@@ -11,7 +13,10 @@ from .live.watcher import last_run, watch
 from .report.captures import Capture
 from .report.run import Run, TrainingFailure, load
 
-__version__ = "0.1.0"
+try:  # pyproject.toml is the one place that sets it; the installed metadata carries it
+    __version__ = _metadata.version("neuraldbg_nb")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "unknown"
 
 
 def load_ipython_extension(ipython: object) -> None:

@@ -1,10 +1,14 @@
 """`neuraldbg`: the same engine for scripts and saved runs.
 
     neuraldbg demo [NAME]            train a built-in broken example under the debugger
-    neuraldbg run [--save RUN.npz] script.py [args]
-                                     run a training script under watch(), save the run
-                                     (options after the script are the script's own;
-                                     under torchrun, each rank saves RUN.rank<r>.npz)
+    neuraldbg run [--save RUN.npz] [OPTIONS] script.py [args]
+    neuraldbg run [--save RUN.npz] [OPTIONS] -m package.module [args]
+                                     run a training script under watch(), as `python`
+                                     would run it, and save the run (OPTIONS: watch()'s
+                                     and the thresholds, see `neuraldbg run --help`;
+                                     options after the script are the script's own; the
+                                     exit code is the script's; under torchrun, each rank
+                                     saves RUN.rank<r>.npz)
     neuraldbg show RUN.npz           the story of a saved run
     neuraldbg show RUN.npz --vanish 1e-7 ...   the same run under other thresholds
 """
@@ -12,28 +16,22 @@
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
+import traceback
 from pathlib import Path
-from typing import Any
 
 from . import demo
-from .detect.thresholds import Thresholds
+from .live.options import (
+    add_arguments,
+    threshold_arguments,
+    threshold_changes,
+    watch_arguments,
+    watch_keywords,
+)
 from .live.watcher import watch
 from .report.run import TrainingFailure, load
-
-_SETTINGS = ("vanish", "explode", "jump", "jump_error", "dead", "saturated", "unmoved",
-             "max_update", "loss_rise")
-
-
-def _thresholds_args(p: argparse.ArgumentParser) -> None:
-    for name in _SETTINGS:
-        p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None,
-                       help=f"threshold {name} (default {getattr(Thresholds(), name):g})")
-
-
-def _changes(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in _SETTINGS if getattr(args, k) is not None}
 
 
 def _per_rank(path: Path, rank: tuple[int, int] | None) -> Path:
@@ -44,7 +42,8 @@ def _per_rank(path: Path, rank: tuple[int, int] | None) -> Path:
     return path.with_name(f"{path.with_suffix('').name}.rank{rank[0]}.npz")
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The command line: its commands, and their options (`run`'s from `live.options`)."""
     parser = argparse.ArgumentParser(prog="neuraldbg", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -52,17 +51,79 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("name", nargs="?", default="weight-blowup", choices=sorted(demo.EXAMPLES))
     p_demo.add_argument("--save", type=Path, default=None, help="save the run (.npz)")
     p_run = sub.add_parser("run", help="run a training script under the debugger")
-    p_run.add_argument("script", type=Path)
+    p_run.add_argument("-m", dest="module", default=None, metavar="MODULE",
+                       help="run a module as `python -m MODULE` does (its arguments follow)")
+    p_run.add_argument("script", type=Path, nargs="?", default=None)
     p_run.add_argument("script_args", nargs=argparse.REMAINDER,
                        help="the script's own arguments (neuraldbg's options go before the "
                             "script)")
-    p_run.add_argument("--save", type=Path, default=Path("neuraldbg-run.npz"))
-    p_run.add_argument("--stop-on", choices=("error", "never"), default="never")
-    _thresholds_args(p_run)
+    p_run.add_argument("--save", type=Path, default=Path("neuraldbg-run.npz"),
+                       help="where to save the run (default: %(default)s)")
+    add_arguments(p_run, [*watch_arguments(), *threshold_arguments()])
     p_show = sub.add_parser("show", help="tell the story of a saved run")
     p_show.add_argument("path", type=Path)
     p_show.add_argument("--events", action="store_true", help="list every event")
-    _thresholds_args(p_show)
+    add_arguments(p_show, threshold_arguments())
+    return parser
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`neuraldbg run`: the script or module as `python` runs it (its folder, or the
+    current one for `-m`, first on `sys.path`; its own argv; `__main__`), under a watch.
+    The exit code is the script's: 0 at its end or at `sys.exit(0)`, its `sys.exit` code,
+    1 with the traceback for an exception, 130 for Ctrl-C. The run is saved whatever
+    the end. A caller of `main()` (a test, a notebook) gets its argv and path back."""
+    if args.module is not None:
+        rest = [str(args.script)] if args.script is not None else []
+        script_argv = [args.module, *rest, *args.script_args]
+        first_path = os.getcwd()
+    elif args.script is None:
+        parser.error("give a script to run, or -m MODULE")
+    else:
+        if not args.script.is_file():
+            parser.error(f"no such script: {args.script}")
+        script_argv = [str(args.script), *args.script_args]
+        first_path = str(args.script.resolve().parent)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = script_argv
+    sys.path.insert(0, first_path)
+    w = watch(None, report=True, **watch_keywords(args))
+    code = 0
+    try:
+        with w:
+            if args.module is not None:
+                runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(script_argv[0], run_name="__main__")
+    except TrainingFailure:
+        pass  # the story says where it stopped
+    except SystemExit as exit_:
+        code = _exit_code(exit_)
+    except KeyboardInterrupt:
+        code = 130
+    except Exception:  # noqa: BLE001 - the script's own error: reported as python would
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        saved = w.run.save(_per_rank(args.save, w.run.rank))
+        print(f"neuraldbg: run saved to {saved}", file=sys.stderr)
+    return code
+
+
+def _exit_code(exit_: SystemExit) -> int:
+    """The process exit code `python` gives a `SystemExit`: None is 0, a number is itself,
+    anything else is printed and is 1."""
+    if exit_.code is None:
+        return 0
+    if isinstance(exit_.code, int):
+        return exit_.code
+    print(exit_.code, file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -76,28 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if run.first_failure is not None else 1
 
     if args.command == "run":
-        if not args.script.is_file():
-            parser.error(f"no such script: {args.script}")
-        # the script sees its own argv, as `python script.py args` would give it; a
-        # caller of main() (a test, a notebook) gets its own back afterwards
-        saved_argv, sys.argv = sys.argv, [str(args.script), *args.script_args]
-        w = watch(None, stop_on=args.stop_on, report=True, **_changes(args))
-        try:
-            with w:
-                runpy.run_path(str(args.script), run_name="__main__")
-        except TrainingFailure:
-            pass
-        finally:
-            sys.argv = saved_argv
-            print(f"neuraldbg: run saved to {w.run.save(_per_rank(args.save, w.run.rank))}",
-                  file=sys.stderr)
-        return 0
+        return _run(parser, args)
 
     if not args.path.exists() and not args.path.with_suffix(".npz").exists():
         parser.error(f"no saved run at {args.path}")
     run = load(args.path)
-    if _changes(args):
-        run = run.reclassify(**_changes(args))
+    changes = threshold_changes(args)
+    if changes:
+        run = run.reclassify(**changes)
     print(run)
     if args.events:
         for e in run.events:

@@ -11,10 +11,10 @@ from torch import nn
 
 FAULT_STEP = 60
 BATCH = 256
-"""Batches and layers (1024 units) of the size real trainings use: with 64 rows of 128
-units the step took half a millisecond, and the debugger's per-step work (about as much
-again) read as a share of it that no real training would see (+65%; now +9% of 14 ms,
-on 2 CPU threads)."""
+"""Batches and layers (1024 units) of the size real trainings use: a step of 64 rows
+through 128 units takes about half a millisecond, as long as the debugger's own per-step
+work, and the cost it shows would then be a share of the step that no real training
+sees."""
 
 
 def _data(n: int = 160 * BATCH, features: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

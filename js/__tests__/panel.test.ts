@@ -5,6 +5,7 @@ import { ROW_HEIGHT } from "../heatmap";
 import type { PanelEvent, PanelTraits } from "../model";
 import { SAVE_DEBOUNCE_MS } from "../sync";
 import { FakeModel, f32, u8 } from "./fake-model";
+import { DEFAULTS, SLIDER_SPECS } from "./slider-specs";
 
 const LAYERS = ["embed", "encoder.layers.0.linear1", "encoder.layers.0.linear2", "head"];
 const COLS = 10;
@@ -32,8 +33,10 @@ function traits(): PanelTraits {
     map_act: f32(new Array(LAYERS.length * COLS).fill(Number.NaN)),
     markers: [{ row: 1, step: 42, kind: "regime_shift", severity: "error" }],
     first_failure: { id: 1, step: 42, layer: "encoder.layers.0.linear1", kind: "regime_shift", severity: "error", message: EVENTS[0]!.message },
+    likely_causes: [],
     events: EVENTS,
-    thresholds: { vanish: 1e-6, explode: 1e3, jump: 10, dead: 0.5, saturated: 0.5 },
+    thresholds: { ...DEFAULTS },
+    sliders: [...SLIDER_SPECS],
     selected: null,
     inspector_html: "",
     message: "click an event to inspect it",
@@ -319,6 +322,23 @@ describe("render", () => {
     $('.ndbg-event[data-id="1"]').click();
     expect($(".ndbg-inspector").hidden).toBe(false);
     expect($(".ndbg-inspector-status").textContent).toBe("");
+  });
+
+  it("says the likely causes under the first failure, and follows them", () => {
+    const cause = "the learning rate went 0.05 -> 0.5 at step 40, 2 steps before: a likely cause";
+    mount({ likely_causes: [cause] });
+    const box = $(".ndbg-first-failure-causes");
+    expect(box.hidden).toBe(false);
+    expect([...box.querySelectorAll(".ndbg-likely-cause")].map((n) => n.textContent)).toEqual([cause]);
+    model.update("likely_causes", []);
+    vi.advanceTimersByTime(20); // the next frame
+    expect(box.hidden).toBe(true);
+    expect(box.children).toHaveLength(0);
+  });
+
+  it("shows no likely cause without a first failure", () => {
+    mount({ first_failure: null, likely_causes: ["stale"] });
+    expect($(".ndbg-first-failure-causes").hidden).toBe(true);
   });
 
   it("caps a long feed with a line that shows more", () => {

@@ -1,9 +1,10 @@
 import { describe, expect, it, vi } from "vitest";
-import type { Thresholds } from "../model";
-import { SLIDERS, STEPS, createSliders, fromSlider, roundNice, toSlider } from "../sliders";
+import { defaults, type SliderSpec, type Thresholds } from "../model";
+import { STEPS, createSliders, fromSlider, roundNice, toSlider } from "../sliders";
+import { DEFAULTS, SLIDER_SPECS } from "./slider-specs";
 
-const spec = (key: keyof Thresholds) => SLIDERS.find((s) => s.key === key)!;
-const T: Thresholds = { vanish: 1e-6, explode: 1e3, jump: 10, dead: 0.5, saturated: 0.5 };
+const spec = (key: string): SliderSpec => SLIDER_SPECS.find((s) => s.key === key)!;
+const T: Thresholds = { ...DEFAULTS };
 
 describe("slider scales", () => {
   it("span the documented ranges", () => {
@@ -24,8 +25,8 @@ describe("slider scales", () => {
   });
 
   it("round-trip the defaults and clamp out-of-range values", () => {
-    for (const s of SLIDERS) {
-      expect(fromSlider(s, toSlider(s, T[s.key]))).toBeCloseTo(T[s.key], 12);
+    for (const s of SLIDER_SPECS) {
+      expect(fromSlider(s, toSlider(s, s.default))).toBeCloseTo(s.default, 12);
     }
     expect(toSlider(spec("explode"), 1e12)).toBe(STEPS);
     expect(toSlider(spec("vanish"), 0)).toBe(0);
@@ -42,7 +43,7 @@ describe("createSliders", () => {
   it("shows each value, follows the thumb and sends on release only", () => {
     const host = document.createElement("div");
     const onChange = vi.fn();
-    createSliders(host, { ...T, extra: 7 } as Thresholds, { onChange });
+    createSliders(host, SLIDER_SPECS, { ...T, extra: 7 }, { onChange });
     const input = host.querySelector<HTMLInputElement>(".ndbg-slider-vanish")!;
     const value = host.querySelector(".ndbg-slider-value-vanish")!;
     expect(value.textContent).toBe("1e-6");
@@ -61,7 +62,7 @@ describe("createSliders", () => {
 
   it("follows thresholds from Python but not under a dragged thumb", () => {
     const host = document.createElement("div");
-    const view = createSliders(host, T, { onChange: () => {} });
+    const view = createSliders(host, SLIDER_SPECS, T, { onChange: () => {} });
     const jump = host.querySelector<HTMLInputElement>(".ndbg-slider-jump")!;
     const dead = host.querySelector<HTMLInputElement>(".ndbg-slider-dead")!;
     jump.value = "10";
@@ -74,11 +75,35 @@ describe("createSliders", () => {
 
   it("shows the busy state", () => {
     const host = document.createElement("div");
-    const view = createSliders(host, T, { onChange: () => {} });
+    const view = createSliders(host, SLIDER_SPECS, T, { onChange: () => {} });
     const busy = host.querySelector<HTMLElement>(".ndbg-reclassifying")!;
     expect(busy.hidden).toBe(true);
     view.setBusy(true);
     expect(busy.hidden).toBe(false);
     expect(busy.textContent).toMatch(/reclassifying/);
+  });
+
+  it("are the sliders Python describes, with its help and defaults", () => {
+    const host = document.createElement("div");
+    createSliders(host, SLIDER_SPECS, {}, { onChange: () => {} });
+    const inputs = [...host.querySelectorAll<HTMLInputElement>(".ndbg-slider")];
+    expect(inputs.map((i) => i.dataset.key)).toEqual(SLIDER_SPECS.map((s) => s.key));
+    const row = host.querySelector<HTMLElement>(".ndbg-slider-row")!;
+    expect(row.title).toBe(SLIDER_SPECS[0]!.help);
+    // no thresholds from Python yet: each slider shows its setting's default
+    expect(host.querySelector(".ndbg-slider-value-vanish")!.textContent).toBe("1e-6");
+    expect(defaults(SLIDER_SPECS)).toEqual(DEFAULTS);
+  });
+
+  it("are built again when Python sends other sliders", () => {
+    const host = document.createElement("div");
+    const view = createSliders(host, SLIDER_SPECS, T, { onChange: () => {} });
+    const only: SliderSpec[] = [{ ...spec("jump"), label: "jump" }];
+    view.update({ jump: 20 }, only);
+    const inputs = [...host.querySelectorAll<HTMLInputElement>(".ndbg-slider")];
+    expect(inputs.map((i) => i.dataset.key)).toEqual(["jump"]);
+    expect(host.querySelector(".ndbg-slider-value-jump")!.textContent).toBe("20\u00d7");
+    view.update({ jump: 20 }, []);
+    expect(view.el.hidden).toBe(true);
   });
 });

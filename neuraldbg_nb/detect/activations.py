@@ -20,8 +20,8 @@ DEAD_ERROR = 0.9
 RECOVER = 0.8
 """A dead or saturated fraction must fall below this share of its threshold to count as
 healthy again; between the two the last state holds. Fractions of real layers wander by a
-few percent from batch to batch, and without this band a layer near the line warned and
-"recovered" every few samples."""
+few percent from batch to batch, and without this band a layer near the line would warn
+and "recover" every few samples."""
 
 
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:

@@ -25,9 +25,8 @@ def _repeat_codes(repeat: np.ndarray, lo: int, window: int) -> np.ndarray:
     same from the first (full-batch training, fitting one batch on purpose, or a loader
     never advanced, `next(iter(loader))` outside the loop: the sentence names them), and
     where it repeats no longer than batches did lately (each batch used k times: a
-    warning at the second batch's repeat stayed open all run, the fresh batch between
-    never enough to end it). Also
-    info once the last `window` batches all repeated, so that a live scan, which reads
+    warning at the second batch's repeat would stay open all run, the fresh batch between
+    never enough to end it). Also info once the last `window` batches all repeated, so that a live scan, which reads
     `window` + 2 rows before its chunk and cannot see the first step after that, codes
     every row as a scan in one go does (a stuck loader's warning stays open)."""
     rep = repeat > 0
@@ -62,10 +61,11 @@ def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     own recent level (beyond its noise), or none of them was measured.
 
     A batch of heavy-tailed raw features (log-normal with sigma 3, normalised by a
-    BatchNorm1d as the model's first layer) had its abs-max jump 160x at one step of 400,
-    an error and the run's first failure, while nothing in the model moved. A batch the
-    model feels is an error as before: a Linear's output 1e4x, a tanh RNN saturated (its
-    output stays bounded, its gradients collapse), a loss far above its level."""
+    BatchNorm1d as the model's first layer) can have its abs-max jump 160x at one step
+    while nothing in the model moves: a warning, not an error that would be the run's
+    first failure. A batch the model feels is an error: a Linear's output 1e4x, a tanh RNN
+    saturated (its output stays bounded, its gradients collapse), a loss far above its
+    level."""
     first = trace.col("act_absmax", lo, stop)[:, :1]
     loss = trace.scalar("loss", lo, stop)[:, None]
     grad = trace.col("grad_norm", lo, stop)
@@ -82,9 +82,9 @@ def _drift(absmax: np.ndarray, shift: np.ndarray, th: Thresholds
     """(codes, level, level `trend` steps before) of an input scale whose level (the mean
     of its log over the last `window` steps) moved by `jump_error` or more over `trend`
     steps without a jump: a warning. Inputs that drift by 1.06x a step (an accumulating
-    transform, statistics of a normalisation computed once on other data) went 3.7 ->
+    transform, statistics of a normalisation computed once on other data) go from 3.7 to
     9.9e3 in 170 steps, every step within the jump line, until a half-precision layer
-    overflowed. A level moved by a jump within the trend (or the window its earlier level
+    overflows. A level moved by a jump within the trend (or the window its earlier level
     was read over) is the jump's event's, as the loss's trend is (`loss`)."""
     logs = log_level(absmax)
     _, base = shift_beyond(logs, th.window, th.warmup, th.noise)

@@ -14,9 +14,9 @@ from .thresholds import Thresholds
 RECOVER = 10.0
 """A vanished gradient norm must climb above `RECOVER` x `vanish` to count as healthy
 again; between the two the last state holds. A layer's gradient norm moves by up to a
-decade from batch to batch, and a dying layer whose norm settled at the line (0.7-1.6e-6
-against `vanish` 1e-6, with the batch, in the benchmark MLP after 1,200 steps) was
-reported vanishing and "back to healthy" again at every pass over its 16 batches.
+decade from batch to batch, and without the band a dying layer whose norm settles at the
+line (0.7-1.6e-6 against `vanish` 1e-6, with the batch) would be reported vanishing and
+"back to healthy" again at every pass over its batches.
 The band only keeps a reported condition: `patience` counts the steps below the line
 (`Finding.hold_counts`), so a zero-initialised branch (a ResNet's last BatchNorm of each
 block at weight 0, torchvision's `zero_init_residual`), whose gradients are exactly 0 at
@@ -41,15 +41,15 @@ def explode_line(trace: Trace, th: Thresholds) -> tuple[float, int]:
     A run whose gradients start near or above the classic line lives at another scale: a
     loss summed over the batch (`reduction="sum"`; the VAE of PyTorch's examples starts
     at 1.8e3, and its encoder's norm reaches 7.3e3 while it learns), or inputs or targets
-    that were not normalised. Judged by the classic line, such a run was an exploding
-    gradient from step 0, and again each time a norm hovering at 1e3 crossed it. The line
+    that were not normalised. Judged by the classic line, such a run would be an
+    exploding gradient from step 0, and again each time a norm hovering at 1e3 crossed it. The line
     is `th.explode` x max(1, `START_MARGIN` x largest first-step norm / 1e3): unmoved for
     runs that start below 100, and without a step where a start a little higher would
     move it by 10x. Moving `explode` still moves it; an info event says where it is
     (`findings`). A gradient that explodes from there, and the updates it makes
     (`updates`), are still found."""
     # a loop over floats: the wake test asks at every step, right after the training step,
-    # where four numpy calls on a cold cache took 50 us (under a line profiler)
+    # where four numpy calls on a cold cache cost about 50 us
     j, top = -1, -math.inf
     for i, x in enumerate(trace.first_grad_norm.tolist()):
         if x > top and math.isfinite(x):
@@ -77,8 +77,8 @@ def _exploding(g: np.ndarray, finite: np.ndarray, line: float, th: Thresholds) -
     Such a run's norms grow with it: a regression on targets of order 1000 under Adam
     starts at a gradient norm of 1.3e3 and grows to 2.5e5 over 400 healthy steps, as the
     weights and activations grow to the targets' scale (Adam's steps do not grow with
-    it); judged by the line alone it was an exploding gradient at step 35 and eight times
-    after. Above the line without a recent jump, the last verdict holds (HOLD). A
+    it); judged by the line alone it would be an exploding gradient at step 35 and
+    eight times after. Above the line without a recent jump, the last verdict holds (HOLD). A
     gradient that climbs until it does damage is still found: by the updates it makes
     (`updates`), the loss (`loss`), or non-finite values. Before `warmup` steps of
     history, the line alone decides. Reads 2 x `window` steps of history (`history`);
@@ -115,14 +115,12 @@ converging, and its gradients vanish with it (`converged`)."""
 def converged(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     """Rows where the loss's recent level (the mean of its log over the last `window`
     steps) is `CONVERGED` times or more below its level `trend` steps before: a model
-    fitting exact targets, whose gradient shrinks with the residual. A linear system
-    identification in float64 went from a loss of 7.5e-5 to 1.5e-13 in 200 steps, its
-    gradient from 7.3e-3 to 5.3e-7, and "vanishing" at step 270 was the run's first
-    failure. Or as far below the run's first loss: there the residual the gradients
-    come from is next to nothing, however long ago it got there. Full-batch Rprop fitted
-    two spirals from 0.687 to 5e-5 in 100 steps, and its four layers' gradients "vanished"
-    as errors at step 102 (no level 200 steps back yet), and again at step 313, after 200
-    steps at the float32 floor (3e-10). A gradient that vanishes while the loss stays
+    fitting exact targets, whose gradient shrinks with the residual (a linear system
+    identification in float64 goes from a loss of 7.5e-5 to 1.5e-13 in 200 steps, its
+    gradient from 7.3e-3 to 5.3e-7: not a vanishing gradient). Or as far below the run's
+    first loss: there the residual the gradients come from is next to nothing, however
+    long ago it got there (full-batch Rprop fits two spirals from 0.687 to 5e-5 in 100
+    steps, before there is a level 200 steps back, and then sits at the float32 floor). A gradient that vanishes while the loss stays
     (saturated or dead layers) is judged as usual."""
     logs = log_level(trace.scalar("loss", lo, stop)[:, None])
     level, _ = trailing_stats(logs, th.window, th.warmup)
@@ -163,7 +161,8 @@ def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
     """Info where a layer that had gradients has none (not even zeros) for `window`
     steps while it still runs in the forward: its weights were frozen mid-run
     (`requires_grad_(False)`: a bug, or progressive freezing on purpose), or its output
-    no longer reaches the loss. It was silent: the layer's columns went empty. Not for
+    no longer reaches the loss. Without it nothing would be said: the layer's columns
+    only go empty. Not for
     a layer without a gradient from the start (a frozen backbone), nor one that sits
     out a few steps (a head whose task is off)."""
     ran = ~np.isnan(trace.col("act_absmax", lo, stop))
@@ -183,12 +182,12 @@ def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """Non-finite, exploding and vanishing gradients. A gradient of exactly 0 is told
     apart from a vanishing one: nothing of the loss reaches the layer, most often on
-    purpose (an auxiliary head whose loss weight was annealed to 0 was an error, "from
-    step 200", and the run's first failure), so it is a warning (signal "cut") that says
-    what cuts it off. Only once it has lasted `window` steps: a layer used one step in
-    several (task heads trained in turn, a per-task masked loss) reads exactly 0 between
-    its turns, where gradients are zeroed rather than set to None, and each head was a
-    warning that never ended."""
+    purpose (an auxiliary head whose loss weight is annealed to 0), so it is a warning
+    (signal "cut") that says what cuts it off, not an error that would be the run's first
+    failure. Only once it has lasted `window` steps: a layer used one step in several
+    (task heads trained in turn, a per-task masked loss) reads exactly 0 between its
+    turns, where gradients are zeroed rather than set to None, and each head would be a
+    warning that never ends."""
     g = trace.col("grad_norm", lo, stop).astype(np.float64)
     finite = np.isfinite(g)
     nonfinite = grade(~np.isnan(g), (~finite, ERROR))

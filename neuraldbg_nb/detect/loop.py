@@ -7,7 +7,7 @@
   each backward starts (`eval_layers`).
 - A loop without `zero_grad()` adds every batch's gradient to all the earlier ones: the
   updates grow step after step, and what shows, dozens of steps later, is a layer dying
-  or jumping, which was blamed. The probe tells whether a step's gradients still held the
+  or jumping, which would be blamed. The probe tells whether a step's gradients still held the
   last step's (`grad_carried`); it is an error from its first step, so the root cause is
   the loop, not the layer it broke. Clipping or unscaling the gradients in place
   does not hide it: the probe reads one gradient's values as each backward starts.

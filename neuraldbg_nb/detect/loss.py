@@ -12,9 +12,9 @@ from .thresholds import Thresholds
 
 FAR_BELOW = 0.1
 """A loss that jumps or climbs but stays under this share of the run's first loss is a
-warning, not an error: the run has not lost what it learned. A curriculum that made its
-inputs 5x noisier at step 150 moved a classifier's loss 0.0009 -> 0.04 (its first loss:
-1.7), and `stop_on="error"` stopped a training that was fine."""
+warning, not an error: the run has not lost what it learned. A curriculum that makes its
+inputs 5x noisier moves a classifier's loss 0.0009 -> 0.04 (its first loss: 1.7), and
+as an error, `stop_on="error"` would stop a training that is fine."""
 
 
 def _grave(values: np.ndarray, first: float) -> np.ndarray:
@@ -46,8 +46,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     rise = np.log10(th.loss_rise)
     # a level that jumped within the trend (or the window its level `then` was read over)
     # climbed by that jump, which the jump's event reports: a curriculum's harder inputs
-    # (0.0009 -> 0.04 at step 150, hovering after) read as a second failure too, "climbed
-    # 11x over 200 steps by step 293"
+    # (0.0009 -> 0.04 at step 150, hovering after) would read as a second failure too,
+    # "climbed 11x over 200 steps by step 293"
     jumped = within(up & rising, th.trend + th.window)
     trend = np.where(np.isnan(climb), HOLD,
                      np.where((climb >= rise) & ~jumped,

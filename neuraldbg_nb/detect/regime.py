@@ -25,17 +25,17 @@ from .thresholds import Thresholds
 FEW = 16
 """Layers with fewer elements than this in their own parameters have no gradient regime
 shifts, and those with a call that output fewer have no activation regime shifts. A
-ReZero gate (one number, initialised at 0) read 0.196 -> 0.0012 at one step of healthy
-training as it crossed zero, a 162x collapse and a warning, three times in 300 steps; an
-online regression's output (one number a step) "collapsed 958x", an error. The size of a
-few dozen numbers does not fall to nothing unless all of them do."""
+ReZero gate (one number, initialised at 0) can read 0.196 -> 0.0012 at one step of
+healthy training as it crosses zero, a 162x collapse; an online regression's output (one
+number a step) can "collapse 958x". The size of a few dozen numbers does not fall to
+nothing unless all of them do."""
 
 
 GRADIENT_PATIENCE = 2
 """Steps a gradient's jump must hold to be a regime shift. A gradient that jumps for one
 step and is back at the next is the batch, not the layer: in a mixture of experts, an
-expert routed one easy token had its gradient fall 100-10,000x for that step, 14 warnings
-in 300 steps of healthy training. A layer that collapsed stays collapsed, and is reported
+expert routed one easy token has its gradient fall 100-10,000x for that step, many times
+in a healthy training. A layer that collapsed stays collapsed, and is reported
 at the step it began. Steps where the layer had no gradient (an expert routed no token)
 are no evidence either way: they do not count. Activations keep a patience of 1: a jump
 there is loud at once."""
@@ -71,8 +71,8 @@ def held_jumps(values: np.ndarray, codes: np.ndarray, level: np.ndarray, th: Thr
     (or a milder one, by its own size) and level, so a jump that holds meets a patience of
     `rows` + 1. Judged against its own recent history instead, the step after a jump has
     a baseline holding the jump itself, whose spread hides it: a conv layer's gradient,
-    0.2 for 20 steps, read 536, 88 and 39 after its weights were zeroed (2300x, 380x,
-    170x its level), and only the first step stood out. Causal: a step reads the one
+    0.2 for 20 steps, reads 536, 88 and 39 after its weights are zeroed (2300x, 380x,
+    170x its level), and only the first step would stand out. Causal: a step reads the one
     before it."""
     if th.jump <= 1:  # every judged step is listed already (`shift_codes`)
         return
@@ -100,8 +100,8 @@ def _revived(grad: np.ndarray, level: np.ndarray, th: Thresholds) -> np.ndarray:
     """Gradient jumps up from a level below the vanishing line: not a regime shift. The
     gradient comes back (a dead layer revived), and one that goes on to explode is judged
     by the exploding line. At an exact fit gradients sit near nothing: full-batch Rprop at
-    the float32 floor (loss 3e-10) read 1e-7 -> 8e-3 in all four layers when the loss
-    blipped to 4e-6, four warnings beside the loss's own."""
+    the float32 floor (loss 3e-10) reads 1e-7 -> 8e-3 in all four layers when the loss
+    blips to 4e-6, which would be four warnings beside the loss's own."""
     with np.errstate(invalid="ignore"):
         return (level < th.vanish) & (grad > level)
 
@@ -116,8 +116,8 @@ def converging(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     """Steps whose loss fell by `jump` or more below its own recent level (the mean of its
     log over the last `window` steps): there the gradients shrinking with it is the
     optimizer converging, not a collapse. A second-order or full-batch optimizer does it
-    in a few steps: L-BFGS after Adam on a physics-informed net took the loss from 1.5e-3
-    to 2.5e-5, and every layer's gradient fell 1000x, four warnings at one step. Causal,
+    in a few steps: L-BFGS after Adam on a physics-informed net takes the loss from 1.5e-3
+    to 2.5e-5, and every layer's gradient falls 1000x at one step. Causal,
     and exact whatever block of rows it is computed in (`trailing_stats`)."""
     loss = log_level(trace.scalar("loss", lo, stop)[:, None])
     mean, _ = trailing_stats(loss, th.window, th.warmup)
@@ -133,8 +133,9 @@ def baseline_settings(th: Thresholds) -> tuple[int, int, float, bool]:
 def zeroed(trace: Trace, act: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     """Where a layer with parameters of its own outputs exactly 0 within `window` steps of
     a nonzero output, and that output's abs-max: (mask, was). A LayerNorm whose weight and
-    bias were zeroed at step 150 read 4.77 -> 0, which a baseline in log space cannot see
-    (log 0); the next layer, fed its zeros, was blamed at step 150, the LayerNorm at 151.
+    bias are zeroed reads 4.77 -> 0, which a baseline in log space cannot see (log 0):
+    without this the next layer, fed its zeros, would be blamed at that step, and the
+    LayerNorm only at the next.
     Layers without parameters (a ReLU all of whose units are off, a drop-path that drops a
     whole batch) output zeros in healthy training; dead units are judged apart. The
     look-back is bounded so that a live scan, which reads `window` steps before its

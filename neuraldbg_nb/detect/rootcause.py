@@ -1,9 +1,9 @@
 """Root cause, not the loudest symptom: which event is the first failure.
 
-At the step where things first went wrong, blame in this order (DESIGN.md): the data,
-and gradients the loop never zeroed or cleared before the step (what the step computes
-from); then the first layer in forward order whose activations went non-finite, jumped, or died;
-then the loss; then the optimizer's update; and only then the gradients (exploding: the
+At the step where things first went wrong, blame in this order (docs/diagnosis.md, "how
+it finds the cause"): the data, and gradients the loop never zeroed or cleared before the
+step (what the step computes from); then the first layer in forward order whose
+activations went non-finite, jumped, or died; then the loss; then the optimizer's update; and only then the gradients (exploding: the
 layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
 deepest layer, where backward starts). The loss comes before the update because a step
@@ -14,6 +14,9 @@ into the weights: it counts as the gradient (`_ranker`). Weights that lost most 
 size in one update (signal "collapse": zeroed or reset in place, which no optimizer's
 update does) changed before the step's forward: they count as that layer's own change,
 in forward order with the activations.
+
+What probably made the first failure happen there (a learning rate moved, weights
+changed outside the optimizer) is said by `causes.likely_causes`.
 """
 
 from __future__ import annotations
@@ -44,9 +47,10 @@ def _rank(e: Event) -> int:
 def _ranker(at: list[Event]) -> Callable[[Event], int]:
     """`_rank`, except that a non-finite update of a layer whose gradient was non-finite
     at the same step ranks with the gradients: the update only carried the gradient into
-    the weights. A sqrt whose backward met 0 made NaN gradients at step 153, and the
-    first failure read "weights became non-finite during step 153 (learning rate
-    0.001)", as if the learning rate were to blame."""
+    the weights. A sqrt whose backward meets 0 makes NaN gradients, and the update
+    carries them into the weights: blamed on the update, the first failure would read
+    "weights became non-finite during step 153 (learning rate 0.001)", as if the learning
+    rate were to blame."""
     carried = {e.layer for e in at if e.kind == "nonfinite_gradient"}
 
     def rank(e: Event) -> int:
@@ -58,10 +62,10 @@ def _ranker(at: list[Event]) -> Callable[[Event], int]:
 
 def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
     """The warnings that an error went on from, by id: the same condition of the same
-    layer, open until the step the error began (a layer whose dead units crossed the
-    warning line at step 110 and the error line at step 250). The failure began with
-    the warning: after a learning rate raised 10x at step 100, the first failure was
-    dated step 250, when the warning became an error 140 steps after it began."""
+    layer, open until the step the error began (a layer whose dead units cross the
+    warning line at step 110 and the error line at step 250). The failure began with the
+    warning: dated by the error, units that start dying after a learning rate raised 10x
+    at step 100 would be a first failure at step 250, 140 steps after they began."""
     grew = {(e.kind, e.signal, e.layer, e.step) for e in errors}
     return {id(w): w for w in events if w.severity == "warning" and w.end is not None
             and (w.kind, w.signal, w.layer, w.end) in grew}
@@ -69,9 +73,10 @@ def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
 
 def _drifting(events: list[Event], first: int) -> dict[int, Event]:
     """Input drifts still open as the first failure begins, by id: the data moved 100x
-    and more, slowly, and went on moving into the failure (inputs growing 1.06x a step,
-    the drift found at step 205, a layer's gradient exploding at step 235 was blamed).
-    The data comes first, and no step of a drift is a jump for the lookback to find."""
+    and more, slowly, and go on moving into the failure (inputs growing 1.06x a step: the
+    drift is found at step 205, and without this a layer's gradient exploding at step 235
+    would be blamed). The data comes first, and no step of a drift is a jump for the
+    lookback to find."""
     return {id(e): e for e in events if e.kind == "data_anomaly" and e.signal == "input_drift"
             and e.step < first and (e.end is None or e.end >= first)}
 

@@ -51,7 +51,7 @@ class Finding:
     measured" and one sample stands for the steps around it. False where HOLD is a band
     of values that keeps a reported condition but is no evidence of it (a vanished
     gradient's recovery band): a zero-initialised branch's gradient, 0 at its first step
-    and then climbing through the band, was three steps of "vanishing" before."""
+    and then climbing through the band, would otherwise be three steps of "vanishing"."""
     sticky: bool = False
     """Never leaves its state once entered (non-finite values are never a recovery)."""
     step_offset: int = 0
@@ -212,8 +212,9 @@ def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarra
 def _before(events: list[Event], carry: Carry, j: int) -> float:
     """What a new condition of column j was before it: the last healthy value, or, where
     it goes on from a milder one still open (a warning becoming an error), the value
-    that one was reported with. Units 55% dead from step 110 and 80% from step 250 read
-    "80% ... from step 250, was 0%" with the healthy value, as if they had died at once."""
+    that one was reported with. Units 55% dead from step 110 and 80% from step 250 would
+    read "80% ... from step 250, was 0%" with the healthy value, as if they had died at
+    once."""
     i = int(carry.open[j])
     return events[i].value if i >= 0 and carry.level[j] > OK else float(carry.last_ok[j])
 

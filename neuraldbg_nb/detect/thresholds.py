@@ -3,14 +3,28 @@
 Thresholds are data, not code: the live run, a reloaded run and the panel's sliders all
 re-run the same pure detectors with a `Thresholds` value, so changing one never needs
 training again.
+
+Each setting's default, type and meaning (the docstring under its field) are written here
+only; `settings()` describes them for what offers them to a user: the `%%neuraldbg` and
+`neuraldbg` options, the panel's sliders (the span a setting's `_span` gives) and
+docs/thresholds.md (`thresholds_doc`).
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, fields, replace
+import typing
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from .fielddocs import field_docs
+
+
+def _span(lo: float, hi: float, *, log: bool = False) -> dict[str, Any]:
+    """A field's metadata: the values worth trying, from `lo` to `hi` (on a log scale
+    where `log`): the span of its slider in the panel."""
+    return {"span": (lo, hi), "log": log}
 
 
 @dataclass(frozen=True)
@@ -18,12 +32,12 @@ class Thresholds:
     """What counts as unhealthy. Defaults are the classic heuristics, tuned to stay quiet
     on healthy training."""
 
-    vanish: float = 1e-6
+    vanish: float = field(default=1e-6, metadata=_span(1e-10, 1e-2, log=True))
     """Gradient norm of a layer's own parameters below which its gradient has vanished."""
-    explode: float = 1e3
+    explode: float = field(default=1e3, metadata=_span(1.0, 1e8, log=True))
     """Gradient norm above which a layer's gradient has exploded; scaled up for a run
-    whose gradients start above 100 (`detectors.gradients.explode_line`)."""
-    jump: float = 10.0
+    whose gradients start above 100 (`detect.gradients.explode_line`)."""
+    jump: float = field(default=10.0, metadata=_span(2.0, 1000.0, log=True))
     """Factor against the layer's own recent history (in log space) that counts as a regime
     shift worth a warning."""
     jump_error: float = 100.0
@@ -35,10 +49,10 @@ class Thresholds:
     noise: float = 4.0
     """A jump must also exceed this many standard deviations of the series' own recent
     variation (in log space): a layer that always swings by a decade is not flagged."""
-    dead: float = 0.5
-    """Fraction of a ReLU-like layer's units that output zero for the whole batch; an error
-    from 0.9 or the larger of this and 0.9."""
-    saturated: float = 0.5
+    dead: float = field(default=0.5, metadata=_span(0.1, 1.0))
+    """Fraction of a ReLU-like layer's units that output zero for the whole batch: a
+    warning, and an error from the larger of this and 0.9 (`detect.activations.DEAD_ERROR`)."""
+    saturated: float = field(default=0.5, metadata=_span(0.1, 1.0))
     """Fraction of a bounded activation's outputs pinned at its bounds."""
     unmoved: float = 0.9
     """Fraction of a half-precision layer's weights that an update leaves exactly as they
@@ -57,7 +71,8 @@ class Thresholds:
     jumps are reported at once."""
     lookback: int = 10
     """Steps before the first error that the root-cause search looks back for an earlier
-    jump or data anomaly that started the chain."""
+    jump or data anomaly that started the chain; a learning-rate move within them is named
+    as a likely cause (`detect.causes`)."""
 
     def __post_init__(self) -> None:
         for name in ("vanish", "explode", "jump", "jump_error", "loss_rise", "max_update",
@@ -97,3 +112,41 @@ class Thresholds:
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def number(x: float) -> str:
+    """A setting's value as a person writes it: 1e-6, 1e8, 0.5, 20."""
+    text = f"{x:g}"
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else text
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One field of `Thresholds`, described for the views that offer it."""
+
+    name: str
+    type: type
+    """`float` or `int`."""
+    default: float
+    doc: str
+    """The docstring under the field, as one paragraph."""
+    span: tuple[float, float] | None
+    """The values worth trying (the panel's slider); None for a setting with no slider."""
+    log: bool
+    """Whether the span is on a log scale."""
+
+    @property
+    def option(self) -> str:
+        """Its command-line option: `--jump-error` for `jump_error`."""
+        return "--" + self.name.replace("_", "-")
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every field of `Thresholds`, in declaration order."""
+    hints = typing.get_type_hints(Thresholds)
+    docs = field_docs(Thresholds)
+    defaults = Thresholds()
+    return tuple(Setting(f.name, hints[f.name], getattr(defaults, f.name), docs.get(f.name, ""),
+                         f.metadata.get("span"), bool(f.metadata.get("log", False)))
+                 for f in fields(Thresholds))

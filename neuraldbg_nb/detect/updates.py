@@ -31,8 +31,9 @@ size an update is about 1/k of the weights (2/k under a linear warm-up), below
 TINY = 1e-4
 """Weights whose root-mean-square element is below this grow from next to nothing, as
 from zeros (`GROWING`): LayerScale's per-channel gains start at 1e-5 or 1e-6 (CaiT,
-ConvNeXt, DINOv2), where an ordinary Adam step is 10-1000x their size (a transformer's 8
-LayerScale gains were "changed by 5x their size during step 0", the run's first failure).
+ConvNeXt, DINOv2), where an ordinary Adam step is 10-1000x their size (judged by size, a
+transformer's LayerScale gains would be "changed by 5x their size during step 0", the
+run's first failure).
 Initialisations scaled by fan-in give an RMS of 1/sqrt(fan_in): 0.003 at a fan-in of
 100,000. Judged on layers read whole (at most `WEIGHT_PROBE` elements of their own), in
 the run's first `window` steps: weights that shrink to next to nothing later and jump
@@ -45,8 +46,8 @@ many times the weights is a warning, not an error, where it moved the elements b
 than the learning rate (the RMS of the step at most `lr`): the optimizer took the step it
 was told to, on weights small against it. Adam's first step moves every element by the
 learning rate; prompt tuning trains a prompt initialised from word embeddings (RMS 0.02)
-at a learning rate of 0.03, and its first update, 1.5x the prompt's size, was an error
-and the run's first failure."""
+at a learning rate of 0.03, and its first update, 1.5x the prompt's size, would
+otherwise be an error and the run's first failure."""
 
 
 def _lr_sized(trace: Trace, step_rms: np.ndarray, lr: np.ndarray) -> np.ndarray:
@@ -79,7 +80,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     them non-finite. Not judged by size: the updates right after all-zero weights
     (`GROWING`), and layers whose own parameters are fewer than `regime.FEW` numbers,
     whose norm falls to nothing and back as a number crosses zero (a normalising flow's
-    2-number scale read "changed by 6.31x" under Adam's ordinary 7e-4 steps)."""
+    2-number scale can read "changed by 6.31x" under Adam's ordinary 7e-4 steps)."""
     w = trace.col("param_norm", lo, stop).astype(np.float64)
     upd = trace.col("update_ratio", lo, stop).astype(np.float64)
     lr = trace.scalar("lr", lo, stop)
@@ -158,10 +159,10 @@ COLLAPSE = 2.5
 `COLLAPSE_ERROR` an error (signal "collapse", ranked as the layer's own change by
 `rootcause`): a layer's weights zeroed or reset in place between two steps. A difference
 of norms can show a growth of any size (the rule above) but a fall of at most 1x the
-weights' size, below `max_update`: a conv layer whose weights were zeroed (its bias kept)
-read 1.76 -> 0.616, and nothing named it. An optimizer's update does not take 60% off a
-layer's weights: even a weight decay 500x too strong took 6.17 to 3.09 (`_shrinking`
-finds it). Not judged where the update moved each element by no more than the learning
+weights' size, below `max_update`: a conv layer whose weights are zeroed (its bias kept)
+reads 1.76 -> 0.616, which that rule does not name. An optimizer's update does not take
+60% off a layer's weights: even a weight decay 500x too strong takes 6.17 to 3.09
+(`_shrinking` finds it). Not judged where the update moved each element by no more than the learning
 rate (`_lr_sized`): gains of LayerScale's size (1e-3) cross zero under Adam's steps."""
 COLLAPSE_ERROR = 5.0
 """From this fall on, a collapse is an error: the weights lost 80% of their norm, so they
@@ -189,9 +190,9 @@ def _collapsed(after: np.ndarray, before: np.ndarray, judged: np.ndarray,
 
 SHRINK = 10.0
 """Weights whose norm fell this many times over the last `SHRINK_UPDATES` updates, each
-update below `max_update`, are a warning: a weight decay set 500x too strong halved a
-layer's weights at every step (6.17 -> 3.09 -> 1.56 ...), an update ratio of 0.5, and
-nothing was said. It ends once the fall over as many updates is under `SHRUNK_OK`."""
+update below `max_update`, are a warning: a weight decay set 500x too strong halves a
+layer's weights at every step (6.17 -> 3.09 -> 1.56 ...), an update ratio of 0.5, which
+no other rule names. It ends once the fall over as many updates is under `SHRUNK_OK`."""
 SHRINK_UPDATES = 10
 SHRUNK_OK = 3.0
 
@@ -276,7 +277,8 @@ TOO_SMALL = 1e-8
 """A learning rate below this moves no float32 weight of ordinary size (their precision is
 about 1e-7 of a weight): a stall at such a rate is the rate's, and the sentence says so
 instead of guessing at an optimizer that left the layer out. A StepLR stepped per batch
-instead of per epoch took 1e-3 to 2.5e-11 in 60 steps, read "their learning rate is 0"."""
+instead of per epoch takes 1e-3 to 2.5e-11 in 60 steps: "their learning rate is 0" would
+be wrong."""
 
 
 def _since(lr: np.ndarray, row: int, lo: int) -> str:
@@ -331,10 +333,10 @@ def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,
 
 LR_SLACK = 0.01
 """Decades a learning rate's move may fall short of `jump` and still count (2.3%): StepLR's
-gamma of 0.1 took 0.05 to 0.005000000000000001, a factor of 10 that reads
-0.9999999999999999 decades in floating point, and its first decay went unreported; a base
-learning rate raised 10x under a cosine schedule that decayed it in the same step moved
-9.975x, and the story could not name it beside the failure it caused."""
+gamma of 0.1 takes 0.05 to 0.005000000000000001, a factor of 10 that reads
+0.9999999999999999 decades in floating point; a base learning rate raised 10x under a
+cosine schedule that decays it in the same step moves 9.975x. Both must count, so that
+the story can name them beside the failure they cause (`causes`)."""
 
 
 def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:

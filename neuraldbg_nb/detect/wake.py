@@ -41,8 +41,8 @@ def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
 
     It runs after every step of a live run, right after the training step has emptied the
     CPU's caches, so it reads the two rows as Python floats and compares them in plain
-    loops: as whole-row numpy ops (until session 20) it took 0.17 ms a step on the
-    benchmark MLP, each numpy call paying its cold start; this takes 0.07."""
+    loops: as whole-row numpy ops, each call paying its cold start, it costs more than
+    twice as much a step."""
     t = trace.n_steps - 1
     if t < 1:
         return NONE
@@ -81,8 +81,8 @@ def jump_held(trace: Trace, th: Thresholds, at: int) -> bool:
     before), in the same direction, at `at` and at the steps after it up to the newest
     that have one (what the gradient detector needs before its noise test, held for its
     `GRADIENT_PATIENCE`). A gradient swings by a decade from one batch to the next near
-    a perfect fit: the He-initialised MLP that memorised its 16 batches moved so 6 times
-    in 300 steps, each time for one step. Only when the scan runs depends on it: what a
+    a perfect fit (an MLP that memorises its few batches does so several times in a few
+    hundred steps, each time for one step). Only when the scan runs depends on it: what a
     skipped one would have found, the next batch scan finds."""
     lo = max(at - th.window, trace.full_from)
     need = math.log10(th.jump) - 1e-9  # (the detector's means are fixed-point)
@@ -106,9 +106,9 @@ def rise_held(trace: Trace, th: Thresholds, risen: int) -> bool:
     of the log-losses of the `window` steps before it (or the second one not judged: a
     loss that is not finite and positive, too few steps before it), which is what the
     loss detector's jump needs before its noise test and its `patience` of two. Near its
-    minimum a loss rises by `sqrt(loss_rise)` from batch to batch: a He-initialised MLP
-    that memorised its 16 batches (loss 0.002-0.1) rose so 22 times in 300 steps, and
-    each rise cost a scan (3-7 ms). Only when the scan runs depends on it: what a skipped
+    minimum a loss rises by `sqrt(loss_rise)` from batch to batch (an MLP that memorises
+    its few batches, at a loss of 0.002-0.1, does so dozens of times in a few hundred
+    steps), and each rise would cost a scan of a few ms. Only when the scan runs depends on it: what a skipped
     one would have found, the next batch scan finds."""
     lo = max(risen - 1 - th.window, trace.full_from)
     logs = _logs(trace.scalar("loss", lo, trace.n_steps).tolist())
@@ -166,7 +166,7 @@ def _bands(wake_jump: float, jump: float, jump_error: float,
     then 10**f for the loss (`wake`): half the jump in decades for the gradients, which
     swing by a decade on ordinary batches and only warn from `jump_error`; half
     `loss_rise` in decades for the loss, which wakes on a rise only. Keyed by the four
-    floats: hashing the whole `Thresholds` took 15 us a step (under a line profiler)."""
+    floats: hashing the whole `Thresholds` costs about 15 us a step."""
     f = math.log10(wake_jump)
     g = 0.5 * math.log10(max(jump, jump_error))
     return (10.0 ** f, 10.0 ** -f), (10.0 ** g, 10.0 ** -g), 10.0 ** (0.5 * math.log10(loss_rise))
@@ -177,14 +177,14 @@ class SampledWake:
     two sampled steps rather than the step before, which was not measured: a layer wakes
     the scan when its fraction crosses the line after two samples below it. A layer that
     hovers at the line (a deep ReLU stack's half-dead layers) flips from sample to sample;
-    waking on each flip scanned twice every sampled step. Its event, a slow condition, is
+    waking on each flip would scan twice every sampled step. Its event, a slow condition, is
     still found by the next batch scan.
 
     It answers with the layers that crossed: their tensors are held at a sampled step
     (`Probe`), and the watch captures them there, so that the event, reported
     `patience` steps later at this step, opens on the layer's own input and output; by
-    then a CPU activation is no longer held (a dead-units first failure opened on the
-    input batch alone)."""
+    then a CPU activation is no longer held (a dead-units first failure would open on
+    the input batch alone)."""
 
     def __init__(self) -> None:
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # the two last samples

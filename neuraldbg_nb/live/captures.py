@@ -105,19 +105,19 @@ class CaptureStore(Captures):
 OWN_PAGES = 1 << 18
 """Copies of at least this many bytes get pages of their own (an anonymous mmap) instead
 of the C allocator's heap, which is the training's. Copies kept there for minutes sit
-between the training's temporaries: its large buffers no longer fit the holes and are
-mapped afresh every step (thousands more page faults per step on the benchmark CNN:
-time the step spends in the kernel), and the holes that evicted copies leave are kept by
-the allocator (resident memory grew to 1.6 x the budget). Pages of their own go back to
-the system as soon as a capture is evicted and never mix with the training's memory."""
+between the training's temporaries: its large buffers do not fit the holes and are
+mapped afresh every step (thousands more page faults per step for a small CNN: time the
+step spends in the kernel), and the holes that evicted copies leave are kept by the
+allocator (resident memory grows to 1.6 x the budget). Pages of their own go back to the
+system as soon as a capture is evicted and never mix with the training's memory."""
 
 
 TRIM_AFTER = 4 << 20
 """Bytes evicted before the heap's free pages are handed back to the OS. `malloc_trim`
-walks the whole heap (about a millisecond); once per eviction it cost a 100-layer model,
-whose captures are small and many, 1% of its step time. Large copies are unmapped at
-eviction anyway, but trimming after them also hands back the training's own free heap
-(30 MB of peak RSS in `benchmarks/memory.py`), so they count too."""
+walks the whole heap (about a millisecond); once per eviction it would cost a 100-layer
+model, whose captures are small and many, 1% of its step time. Large copies are unmapped
+at eviction anyway, but trimming after them also hands back the training's own free heap
+(tens of MB of peak resident memory: `benchmarks/memory.py`), so they count too."""
 
 
 _PRIVATE_PAGES: dict[str, int] = (
@@ -125,8 +125,8 @@ _PRIVATE_PAGES: dict[str, int] = (
     if hasattr(mmap, "MAP_ANONYMOUS") else {})
 """Private pages, mapped in one go: an anonymous mmap is shared memory by default, whose
 page faults cost more, and faulting the pages in one by one as the copy first touches
-them costs more again; together they made a 1 MB copy take twice as long here (1.3 ms
-against 0.66 ms). Windows has no flags: its default."""
+them costs more again; together they make a 1 MB copy take about twice as long. Windows
+has no flags: its default."""
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:
@@ -156,8 +156,8 @@ _MALLOC_TRIM = _load_trim()
 def _release_freed_memory() -> None:
     """After evictions (`TRIM_AFTER`), hand the heap's free pages back to the OS. Large
     copies have pages of their own and are unmapped at once; small ones (and, glibc being
-    one heap, whatever else is free in it) are kept by glibc until trimmed, which left
-    resident memory up to 50 MB above the budget in `benchmarks/memory.py` when the store
-    was full."""
+    one heap, whatever else is free in it) are kept by glibc until trimmed, which would
+    leave resident memory tens of MB above the budget once the store is full
+    (`benchmarks/memory.py`)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)

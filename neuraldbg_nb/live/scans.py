@@ -21,11 +21,16 @@ class ScanSchedule:
     changes when events are found, never which (the scan is chunk-invariant), so
     `stop_on` stops at the step of a sudden failure and soon after a slow one. A scan
     costs about 3 ms however few its new steps (the detectors' fixed numpy work), so a
-    small budget mostly means fewer, larger batches; `MAX_LATENCY` still bounds how late
-    a slow condition shows in the panel."""
+    small budget mostly means fewer, larger batches. While a view follows the run (a
+    listener of the Run: the panel, a framework callback), which reads what detection
+    has found, scans come at least every `VIEW_LATENCY` seconds, so that what it shows
+    is that late at most; otherwise `MAX_LATENCY` bounds it."""
 
     BUDGET = 0.001
     MAX_LATENCY = 2.0
+    VIEW_LATENCY = 0.1
+    """The panel's pace: it shows the run at most ten times a second
+    (`notebook.panel.MAX_RATE`)."""
 
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
@@ -39,7 +44,9 @@ class ScanSchedule:
         self._last_step: float | None = None
         self._last_scan = time.perf_counter()
 
-    def due(self, trace: Trace, detection: Detection) -> bool:
+    def due(self, trace: Trace, detection: Detection, viewed: bool = False) -> bool:
+        """Called after each recorded step: whether to scan now. `viewed`: a view follows
+        the run (`VIEW_LATENCY`)."""
         now = time.perf_counter()
         self._time_step(now)
         step = trace.n_steps - 1
@@ -59,8 +66,9 @@ class ScanSchedule:
                        or (jumped >= 0 and jump_held(trace, th, jumped)))
         self._confirm = {s: h for s, h in self._confirm.items() if s > step}
         pending = trace.n_steps - detection.steps_done
+        latency = self.VIEW_LATENCY if viewed else self.MAX_LATENCY
         return pending > 0 and ("sudden" in woke or confirm or pending >= self.interval
-                                or now - self._last_scan >= self.MAX_LATENCY)
+                                or now - self._last_scan >= latency)
 
     def _held(self, at: int, risen: int, jumped: int) -> None:
         """Scan at step `at` if the loss's rise at step `risen`, or the gradient's jump at
@@ -76,9 +84,9 @@ class ScanSchedule:
         """Follow the step time from one step's end to the next. A pause between two
         steps (an evaluation pass, a block of the same watch entered again minutes
         later) is not a step: one interval counts for at most twice the average, so a
-        pause raises it by a tenth at most. Counted whole, a 5 s pause made the average
-        of a 35 ms step 0.5 s, the batches of `BUDGET` one step long, and the next few
-        dozen steps each paid a scan (3 ms, 9% of the step)."""
+        pause raises it by a tenth at most. Counted whole, a 5 s pause would make the
+        average of a 35 ms step 0.5 s, the batches of `BUDGET` one step long, and the next
+        few dozen steps would each pay a scan (3 ms, 9% of the step)."""
         last, self._last_step = self._last_step, now
         if last is None:  # the first step: its start is not known
             return

@@ -1,8 +1,12 @@
 """`watch()`: the context manager that ties a probe, detection and captures to one Run.
 
 Data flows one way: the probe records a step into the trace, detection reads the new
-step, captures are taken for what fired, listeners (views) hear about it. Hooks are
-removed on every way out of the block: normal exit, an exception, KeyboardInterrupt.
+steps when the scan schedule says so, captures are taken for what fired, listeners
+(views) hear about it. The watch is what judges the run: the Run only reads what detection
+found, so the watch scans as often as its listeners show the run (`ScanSchedule`), before
+it stops the training (`stop_on`), and once more at the end of every block, after which
+every recorded step is judged. Hooks are removed on every way out of the block: normal
+exit, an exception, KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,17 +32,28 @@ from ..record.probe import Probe, StepRecord
 from ..record.sampler import is_reference_step
 from ..report.run import Run, TrainingFailure
 from ..trace.columns import Trace
+from . import notes
 from .captures import EVENT, REFERENCE, CaptureStore
+from .options import DEFAULT, StopOn, WatchOptions, document
 from .scans import ScanSchedule
 from .selfcost import SelfCost
 
-StopOn = Literal["error", "never"]
 _last: Run | None = None
 
 
 def last_run() -> Run | None:
-    """The Run of the most recent watch (or `%%neuraldbg` cell) in this process."""
+    """The Run of the most recent watch (or `%%neuraldbg` cell) in this process, or what a
+    view made of it (`replace_last_run`)."""
     return _last
+
+
+def replace_last_run(shown: Run, new: Run) -> None:
+    """Make `new` the last run where `shown` is: a view that re-classifies the run it shows
+    (the panel's sliders) hands its new verdicts on, so that `last_run()` is the run on
+    screen, with its selection (`run.selected`). A later watch's run is left as it is."""
+    global _last
+    if _last is shown:
+        _last = new
 
 
 def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
@@ -60,38 +75,26 @@ def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
     return [(f"{name}.", m) for name, m in items]
 
 
-EVAL_ONLY_NOTE = ("every forward of the model ran with gradients off (torch.no_grad() or "
-                  "torch.inference_mode()), so no activations were recorded: neuraldbg "
-                  "records the forwards that train, and leaves evaluation passes out.")
-"""Said once per run (a watch entered again does not repeat it)."""
-
-
 class Watch:
     """Re-enterable: a second `with` on the same Watch continues the same run."""
 
     warn_notes = True
     """Say each note of the run (`run.notes`) as a warning too, as it is made. The cell
-    magic turns it off: it prints the notes itself when the cell ends, and a warning
-    there showed each one twice, pointing at the magic's own code."""
+    magic turns it off: it prints the notes itself when the cell ends, where a warning
+    would show each one twice, pointing at the magic's own code."""
 
     def __init__(self, model: Any = None, *, thresholds: Thresholds | None = None,
-                 stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-                 overhead: float | None = None, activations: bool = True,
-                 trace_mb: float = 64, report: bool | None = None,
-                 **threshold_changes: Any) -> None:
-        if stop_on not in ("error", "never"):
-            raise ValueError(f"stop_on must be 'error' or 'never', got {stop_on!r}")
-        if sample_every < 1:
-            raise ValueError(f"sample_every must be >= 1, got {sample_every}")
-        if overhead is not None and not 0 < overhead < 1:
-            raise ValueError(f"overhead is a fraction of the step time in (0, 1), e.g. 0.02; "
-                             f"got {overhead!r} (None turns the budget off)")
-        if trace_mb <= 0:
-            raise ValueError(f"trace_mb must be > 0, got {trace_mb}")
+                 stop_on: StopOn = DEFAULT.stop_on, capture_mb: float = DEFAULT.capture_mb,
+                 sample_every: int = DEFAULT.sample_every,
+                 overhead: float | None = DEFAULT.overhead,
+                 activations: bool = DEFAULT.activations, trace_mb: float = DEFAULT.trace_mb,
+                 report: bool | None = DEFAULT.report, **threshold_changes: Any) -> None:
+        self.options = WatchOptions(  # checks them
+            thresholds=(thresholds or Thresholds()).with_(**threshold_changes),
+            stop_on=stop_on, capture_mb=capture_mb, sample_every=sample_every,
+            overhead=overhead, activations=activations, trace_mb=trace_mb, report=report)
+        th = self.options.thresholds
         self.trace_bytes = int(trace_mb * 2**20)
-        if capture_mb < 0:
-            raise ValueError(f"capture_mb must be >= 0, got {capture_mb}")
-        th = (thresholds or Thresholds()).with_(**threshold_changes)
         self.stop_on = stop_on
         self.report = report
         trace = Trace(max_tail_bytes=self.trace_bytes)
@@ -114,7 +117,7 @@ class Watch:
             raise RuntimeError("this watch is already active; nest a new watch() instead")
         self._active = True
         self.run.status = "training"
-        self.run._probe = self._probe
+        self.run.recorder = self._probe
         self.run.rank = _rank()  # asked again at exit: the group may be made in the block
         self._probe.attach()
         _last = self.run
@@ -129,27 +132,33 @@ class Watch:
                 pass  # nothing more to read from it: what it recorded is in the trace
             elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
                     and not self._probe.manual_steps and run.trace.n_steps == 0:
-                run.unstepped, why = self._probe.close_partial()
+                self._probe.close_partial()
+                run.unstepped, why = notes.unstepped(self._probe.foreign_steps)
                 self._note(why, f"neuraldbg: {why}", UserWarning)
             else:
                 self._probe.flush()
         finally:
             self._probe.detach()
             self._active = False
-        if self._probe.compiled_seen and not any("compile" in n for n in run.notes):
-            run.notes.append("parts of the model ran under torch.compile: their activations "
-                             "are not watched (hooks do not run inside compiled graphs); "
-                             "gradients, weights, the loss and the input batch are.")
-        if self._probe.transformed_seen and not any("torch.func" in n for n in run.notes):
-            run.notes.append("parts of the model ran under torch.func transforms (vmap, grad, "
-                             "jvp): their activations and input batches are not watched; "
-                             "the gradients and weights at each optimizer step are.")
         probe = self._probe
+        if probe.compiled_seen and not any("compile" in n for n in run.notes):
+            run.notes.append(notes.COMPILED)
+        if probe.transformed_seen and not any("torch.func" in n for n in run.notes):
+            run.notes.append(notes.TRANSFORMED)
         if probe.eval_seen and self._activations and not probe.activations_seen \
-                and EVAL_ONLY_NOTE not in run.notes:
-            run.notes.append(EVAL_ONLY_NOTE)
-        if exc_type is None:
-            run.status = "finished"
+                and notes.EVAL_ONLY not in run.notes:
+            run.notes.append(notes.EVAL_ONLY)
+        if not probe.failed:
+            seen = notes.unseen(run.trace, self._activations and not probe.compiled_seen
+                                and not probe.transformed_seen)
+            if seen is not None and seen not in run.notes:
+                run.notes.append(seen)
+        if exc_type is None or (issubclass(exc_type, SystemExit)
+                                and getattr(exc, "code", None) in (None, 0)):
+            run.status = "finished"  # `sys.exit(0)` ends a script as its last line does
+        elif issubclass(exc_type, SystemExit):
+            run.status = "exited"
+            run.exception = exc
         elif issubclass(exc_type, TrainingFailure):
             run.status = "stopped"
         elif issubclass(exc_type, KeyboardInterrupt):
@@ -157,20 +166,15 @@ class Watch:
         else:
             run.status = "raised"
             run.exception = exc
-        started = time.perf_counter()
-        run.detection.advance(run.trace)
-        # all caught up: MAX_LATENCY counts from here if the watch is entered again
-        self._schedule.scanned(time.perf_counter() - started)
-        run._notify([])
+        self._scan()  # every recorded step judged; the schedule counts from here on re-entry
+        run.notify([])
         if self.report or (self.report is None and not _in_notebook()):
             print(run, file=sys.stderr)
 
     def _on_step(self, record: StepRecord) -> None:
         run = self.run
-        if self._schedule.due(run.trace, run.detection):
-            started = time.perf_counter()
-            run.detection.advance(run.trace)
-            self._schedule.scanned(time.perf_counter() - started)
+        if self._schedule.due(run.trace, run.detection, viewed=run.listened):
+            self._scan()
         new = run.detection.emitted[self._seen:]
         self._seen = len(run.detection.emitted)
         self._capture(record, new, self._schedule.woken)
@@ -178,9 +182,16 @@ class Watch:
         note = self._cost.budget_note(self._activations)
         if note is not None:
             self._note(note, f"neuraldbg: {note}")
-        run._notify(new)
+        run.notify(new)
         if self.stop_on == "error" and any(e.severity == "error" for e in new):
+            self._scan()  # its message names the first failure of every step recorded
             raise TrainingFailure(run)
+
+    def _scan(self) -> None:
+        """Judge every step recorded so far (`Detection.advance`), timed for the schedule."""
+        started = time.perf_counter()
+        self.run.detection.advance(self.run.trace)
+        self._schedule.scanned(time.perf_counter() - started)
 
     def _on_error(self, exc: Exception, where: str) -> None:
         """A hook of the probe raised. `TrainingFailure` is the watch's own way out, and
@@ -189,17 +200,15 @@ class Watch:
         (a RuntimeWarning, `run.notes`) and the training goes on, unwatched from there."""
         if isinstance(exc, TrainingFailure) or os.environ.get("NEURALDBG_STRICT") == "1":
             raise exc
-        steps = self.run.trace.n_steps
-        note = (f"neuraldbg stopped watching at step {steps}: its own code failed "
-                f"({where}: {type(exc).__name__}: {exc}). The training went on, unchanged "
-                f"and unwatched; the {steps} steps recorded before are kept. This is a bug "
-                f"in neuraldbg: please report it with this message (NEURALDBG_STRICT=1 "
-                f"raises it instead, with its traceback).")
+        note = notes.engine_error(self.run.trace.n_steps, where, exc)
         self._note(note, note)
-        # the panel shows it now: no step comes to push it before the block ends; a view
-        # failing too must not stop the training
+        # the panel shows it now, with every recorded step judged: no step comes to push
+        # it before the block ends; detection or a view failing too must not stop the
+        # training
         with contextlib.suppress(Exception):
-            self.run._notify([])
+            self._scan()
+        with contextlib.suppress(Exception):
+            self.run.notify([])
 
     def _note(self, note: str, warning: str,
               category: type[Warning] = RuntimeWarning) -> None:
@@ -286,36 +295,20 @@ def _in_notebook() -> bool:
 
 
 def watch(model: Any = None, *, thresholds: Thresholds | None = None,
-          stop_on: StopOn = "never", capture_mb: float = 256, sample_every: int = 10,
-          overhead: float | None = None, activations: bool = True, trace_mb: float = 64,
-          report: bool | None = None, **threshold_changes: Any) -> Watch:
+          stop_on: StopOn = DEFAULT.stop_on, capture_mb: float = DEFAULT.capture_mb,
+          sample_every: int = DEFAULT.sample_every, overhead: float | None = DEFAULT.overhead,
+          activations: bool = DEFAULT.activations, trace_mb: float = DEFAULT.trace_mb,
+          report: bool | None = DEFAULT.report, **threshold_changes: Any) -> Watch:
     """Watch a training loop: `with watch(model) as run: ...`.
 
     model: the module to watch (or a list/dict of them); None watches every module with
         parameters that runs inside the block.
-    thresholds / **threshold_changes: detection settings (`vanish=1e-7`, ...); they can be
-        changed after the run with `run.reclassify(...)`.
-    stop_on: "error" raises `TrainingFailure` at the first error event, so training stops
-        at the cause instead of running on in NaNs.
-    capture_mb: memory budget for captured tensors (0 turns capture off). On the CPU a
-        layer's input and output are kept for capture only at steps where the layer
-        looks unusual, sampled steps and reference steps (see `Probe._unusual`).
-    sample_every: full activation statistics every N steps at most (non-finite values
-        and abs-max are checked every step).
-    overhead: a budget for watching, as a fraction of the step time (e.g. 0.02): the
-        full statistics are sampled less often to fit in what the per-step work (all
-        the rest) leaves of it; where that alone costs more, the run says so (a
-        RuntimeWarning and `run.notes`). Measured in time, so which steps are sampled
-        can differ between two runs; None (the default) samples exactly every
-        `sample_every` steps, reproducibly. Whatever the budget, `run.overhead` reports
-        what watching cost.
-    activations: False watches gradients, weights, the loss and the input only (the
-        cheapest mode: no forward hooks do any work).
-    trace_mb: memory for the exact recent steps of the trace; older steps are compacted
-        into blocks (events found on them are kept exactly) held to half as much, so a
-        run of any length stays within 1.5 x trace_mb.
-    report: print the text summary at exit (default: outside notebooks).
+
+    The options (declared in `live.options.WatchOptions`):
     """
     return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,
                  sample_every=sample_every, overhead=overhead, activations=activations,
                  trace_mb=trace_mb, report=report, **threshold_changes)
+
+
+watch.__doc__ = document(watch.__doc__ or "")

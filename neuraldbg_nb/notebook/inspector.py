@@ -192,7 +192,7 @@ def _charts(run: Run, layer: int, step: int, cap: Capture | None) -> str:
         import vl_convert  # noqa: F401
     except ImportError:
         return ("<p>charts need altair and vl-convert-python: "
-                "pip install 'neuraldbg_nb[notebook]'</p>")
+                "pip install altair vl-convert-python</p>")
     th = run.thresholds
     charts = [
         _line_chart(run, "grad_norm", "gradient norm", layer, step,

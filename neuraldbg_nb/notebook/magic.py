@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -17,55 +18,29 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from ..live.options import Argument, threshold_arguments, watch_arguments, watch_keywords
 from ..live.watcher import watch
 from ..report.run import Run, TrainingFailure
 
-_THRESHOLD_OPTIONS = {
-    "vanish": "gradient norm below which a layer's gradient has vanished (default 1e-6)",
-    "explode": "gradient norm above which it has exploded (default 1e3; scaled up where a "
-               "run's gradients start above 100)",
-    "jump": "factor against a layer's own history that is a regime shift (default 10)",
-    "jump_error": "factor that makes an activation jump an error (default 100)",
-    "dead": "fraction of dead ReLU units that is reported (default 0.5)",
-    "saturated": "fraction of saturated outputs that is reported (default 0.5)",
-    "unmoved": "fraction of a half-precision layer's weights an update leaves unchanged that "
-               "is reported: its updates round away (default 0.9)",
-    "max_update": "relative weight change in one update that is an error (default 1.0)",
-    "loss_rise": "loss above its recent level by this factor is divergence (default 10)",
-    "window": "steps of history a regime shift is measured against (default 20)",
-    "patience": "steps a slow condition must hold before it is reported (default 3)",
-}
 
-
-def _threshold_arguments(func):
-    for name, text in reversed(_THRESHOLD_OPTIONS.items()):
-        kind = int if name in ("window", "patience") else float
-        func = argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)(func)
-    return func
+def _arguments(arguments: list[Argument]) -> Callable[[Any], Any]:
+    """IPython's `@argument` for each of `arguments`, in their order (`live.options`)."""
+    def add(func: Any) -> Any:
+        for flags, kw in reversed(arguments):
+            func = argument(*flags, **kw)(func)
+        return func
+    return add
 
 
 @magics_class
 class NeuralDbgMagics(Magics):
     @magic_arguments()
-    @argument("--stop-on", choices=("error", "never"), default="never",
-              help="stop training at the first error event (default: never)")
-    @argument("--capture-mb", type=float, default=256,
-              help="memory budget for captured tensors, in MB (default 256; 0: off)")
-    @argument("--sample-every", type=int, default=10,
-              help="full activation statistics every N steps (default 10)")
-    @argument("--overhead", type=float, default=None, metavar="FRACTION",
-              help="budget for watching as a fraction of the step time, e.g. 0.02: the "
-                   "full statistics are sampled less often to hold it; the run says so "
-                   "where its per-step work alone costs more (default: off)")
-    @argument("--trace-mb", type=float, default=64,
-              help="memory for the exact recent steps; older ones are compacted (default 64)")
-    @argument("--no-activations", action="store_true",
-              help="watch gradients, weights, loss and input only (cheapest)")
+    @_arguments(watch_arguments())
     @argument("--no-panel", action="store_true", help="print the text summary instead")
     @argument("-o", "--output", default=None, metavar="NAME",
               help="also bind the Run to NAME in the notebook's namespace")
     @argument("-h", "--help", action="store_true", help="show this help and do nothing")
-    @_threshold_arguments
+    @_arguments(threshold_arguments())
     @cell_magic
     def neuraldbg(self, line: str, cell: str) -> None:
         """Watch the training in this cell: a live panel of each layer's health, the first
@@ -75,11 +50,7 @@ class NeuralDbgMagics(Magics):
         if args.help:
             print(self.neuraldbg.parser.format_help())
             return
-        changes = {k: getattr(args, k) for k in _THRESHOLD_OPTIONS if getattr(args, k) is not None}
-        w = watch(None, stop_on=args.stop_on, capture_mb=args.capture_mb,
-                  sample_every=args.sample_every, overhead=args.overhead,
-                  trace_mb=args.trace_mb, activations=not args.no_activations,
-                  report=False, **changes)
+        w = watch(None, report=False, **watch_keywords(args))
         w.warn_notes = False  # printed below, once
         run = w.run
         shell = self.shell

@@ -16,9 +16,9 @@ from typing import Any
 try:
     import anywidget
     import traitlets
-except ImportError as err:  # pragma: no cover - exercised only without the extra
+except ImportError as err:  # pragma: no cover - exercised only where anywidget is missing
     raise ImportError(
-        "the neuraldbg panel needs anywidget: pip install 'neuraldbg_nb[notebook]'"
+        "the neuraldbg panel needs anywidget, a dependency of neuraldbg_nb: pip install anywidget"
     ) from err
 
 from ..detect.events import Event
@@ -69,8 +69,10 @@ class Panel(anywidget.AnyWidget):
     map_act = traitlets.Bytes(b"").tag(sync=True)
     markers: traitlets.List = traitlets.List().tag(sync=True)
     first_failure = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+    likely_causes = traitlets.List(traitlets.Unicode()).tag(sync=True)
     events: traitlets.List = traitlets.List().tag(sync=True)
     thresholds = traitlets.Dict().tag(sync=True)
+    sliders: traitlets.List = traitlets.List().tag(sync=True)
     selected = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
     inspector_html = traitlets.Unicode("").tag(sync=True)
     message = traitlets.Unicode("").tag(sync=True)
@@ -131,8 +133,7 @@ class Panel(anywidget.AnyWidget):
 
         started = time.perf_counter()
         new = self.original.reclassify(self.run.thresholds, **changes)
-        if watcher.last_run() is self.run:
-            watcher._last = new
+        watcher.replace_last_run(self.run, new)
         self.run = new
         self.push(force=True)
         self.message = (f"re-classified {new.trace.n_steps} steps x {new.trace.n_layers} "

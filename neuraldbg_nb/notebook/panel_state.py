@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..detect.events import Event
+from ..detect.thresholds import settings
 from ..report.run import Run
 
 MAX_COLS = 240
@@ -140,10 +141,36 @@ def markers(run: Run, limit: int = MAX_MARKERS) -> list[dict[str, Any]]:
     return marks[:limit]
 
 
+SLIDER_LABELS = {"vanish": "vanishing grad <", "explode": "exploding grad >",
+                 "jump": "regime jump \u00d7", "dead": "dead units \u2265",
+                 "saturated": "saturated \u2265"}
+"""The settings the panel has a slider for, in order, and each slider's label; the rest of
+a slider (its default, span, scale and tooltip) is the setting's own (`Thresholds`)."""
+
+
+def sliders() -> list[dict[str, Any]]:
+    """The sliders, for `js/sliders.ts`: key, label, help, default, min, max, log."""
+    known = {s.name: s for s in settings()}
+    out = []
+    for key, label in SLIDER_LABELS.items():
+        s = known[key]
+        if s.span is None:
+            raise ValueError(f"Thresholds.{key} has a slider but no span: give its field "
+                             f"metadata=_span(lo, hi) in detect/thresholds.py")
+        out.append({"key": key, "label": label, "help": s.doc, "default": s.default,
+                    "min": s.span[0], "max": s.span[1], "log": s.log})
+    return out
+
+
 def thresholds(run: Run) -> dict[str, float]:
-    th = run.thresholds
-    return {"vanish": th.vanish, "explode": th.explode, "jump": th.jump, "dead": th.dead,
-            "saturated": th.saturated}
+    """The run's values of the settings that have a slider."""
+    return {key: getattr(run.thresholds, key) for key in SLIDER_LABELS}
+
+
+def likely_causes(run: Run) -> list[str]:
+    """The likely causes of the first failure, in sentences (`detect.causes`): the panel
+    says them under it."""
+    return [cause.text for cause in run.likely_causes]
 
 
 def cost(run: Run) -> tuple[str, str]:
@@ -190,6 +217,8 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
         "markers": markers(run, LIVE_MARKERS if live else MAX_MARKERS),
         "events": events,
         "first_failure": first,
+        "likely_causes": likely_causes(run),
+        "sliders": sliders(),
         "cost": label,
         "cost_detail": detail,
         "notes": notes(run),

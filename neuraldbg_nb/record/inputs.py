@@ -1,15 +1,25 @@
-"""The input batch's summary, and its fingerprint: is this batch the last one again?
+"""The input batch: which tensor is the data, its summary, and its fingerprint (is this
+batch the last one again?).
 
-Every step: min, max (a free non-finite flag), sum and a position-weighted sum; sampled
-steps add the norm and the nonzero and finite counts. The probe queues them on the step's
-`reductions.Scalars`; `step_row.input_scalars` reads them back into the row.
+The batch is the first tensor of each top-level call of a watched model that trains
+(`Inputs.record`). Every step: min, max (a free non-finite flag), sum and a
+position-weighted sum; sampled steps add the norm and the nonzero and finite counts. They
+are queued on the step's `reductions.Scalars`; `step_row.input_scalars` reads them back
+into the row.
 """
 
 from __future__ import annotations
 
+import weakref
+from typing import TYPE_CHECKING
+
 import torch
 
-from . import reductions
+from . import reductions, step_row
+from .layers import first_tensor, storage_at
+
+if TYPE_CHECKING:
+    from .discovery import Models
 
 
 def _scattered(n: int) -> torch.Tensor:
@@ -26,10 +36,10 @@ class Ramps:
     vector per batch size (up to `RAMP_MAX`), dtype and device, the last two kept (a data
     set's last batch is smaller). A weighted sum tells apart batches that a sum does not:
     two one-hot vectors always have the same min, max and sum. Weights in a pattern do not
-    either: a strided sum (every third element) missed hot positions that differ by a
-    multiple of 3, and weights 0, 1, 2, ... (until session 18) any two batches whose hot
-    positions add up alike (a batch of 16 one-hot states out of 6 "repeated" the one
-    before 7 times in 300 steps)."""
+    either: a strided sum (every third element) misses hot positions that differ by a
+    multiple of 3, and weights 0, 1, 2, ... any two batches whose hot positions add up
+    alike (a batch of 16 one-hot states out of 6 would "repeat" the one before 7 times in
+    300 steps)."""
 
     KEEP = 2
 
@@ -89,3 +99,91 @@ def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
         return torch.dot(wide, ramp)
     return torch.stack([torch.dot(wide[i:i + RAMP_MAX], ramp[:min(RAMP_MAX, n - i)])
                         for i in range(0, n, RAMP_MAX)]).sum()
+
+
+class Inputs:
+    """The input batches of one watch's step, summarised on the step's `Scalars` and held
+    for capture.
+
+    With several models, a model's input may be another watched model's output (a GAN's
+    generator feeds its discriminator) or made from one to take gradients (WGAN-GP's
+    interpolates): neither is data. The models' outputs of this step and the last are
+    held for that test (`model_output`), so that their memory cannot be a new batch's."""
+
+    def __init__(self, models: Models, sc: reductions.Scalars, hold: bool) -> None:
+        """`hold`: keep the batch for capture."""
+        self._models = models
+        self._sc = sc
+        self._hold = hold
+        self._ramps = Ramps()  # the fingerprint's weights
+        self._fingerprint: step_row.Fingerprint | None = None  # the last step's batches'
+        self.called_with: weakref.ref[torch.Tensor] | None = None
+        """The tensor a watched model was last called with (`StepOwner.trains_the_input`)."""
+        self._outs: list[torch.Tensor] = []
+        self._prev_outs: list[torch.Tensor] = []
+        self.new_step(sampled=True)
+
+    def new_step(self, sampled: bool) -> None:
+        """A step starts; `sampled` gets the full summary."""
+        self._sampled = sampled
+        self._batches: list[tuple[dict[str, int], int]] = []  # (positions, elements)
+        self._given = False  # a batch was given by hand (`Probe.log_input`) in this step
+        self.batch: torch.Tensor | None = None
+        """The step's last batch, held for capture."""
+        self._prev_outs, self._outs = self._outs, []
+
+    @property
+    def pending(self) -> bool:
+        """A batch was recorded since the step began."""
+        return bool(self._batches)
+
+    def record(self, args: tuple, kwargs: dict, given: bool = False) -> None:
+        """A top-level call of a watched model that trains: its first tensor is the batch,
+        unless it is not data (see the class). `given`: the batch comes from the loop
+        itself (`Probe.log_input`), and the models' own calls in this step are not
+        recorded as batches besides it."""
+        found = first_tensor(args, floating=False)
+        if found is None:
+            found = first_tensor(kwargs, floating=False)
+        if found is None or found.numel() == 0 or found.is_complex():
+            return
+        if given:
+            self._given = True
+        else:
+            self.called_with = weakref.ref(found)
+            if self._given:
+                return
+        if not given and len(self._models.root_modules) > 1:  # another model's output?
+            if found.requires_grad:  # computed from one (WGAN-GP's interpolates), or made
+                return  # to take gradients: with several models, not the data
+            at = storage_at(found)
+            if at and any(storage_at(o) == at for o in (*self._outs, *self._prev_outs)):
+                return  # another watched model's output, or a view of it: not data
+        batch = found.detach()
+        summary = input_batch(batch, self._sampled, self._sc, self._ramps)
+        self._batches.append((summary, batch.numel()))
+        if self._hold:
+            self.batch = batch
+
+    def model_output(self, output: object) -> None:
+        """A top-level call of a watched model ended: with several models, its output is
+        kept to be told from data (see the class)."""
+        out = first_tensor(output, floating=False) if len(self._models.root_modules) > 1 \
+            else None
+        if out is not None and storage_at(out):
+            self._outs.append(out.detach())
+
+    def drop(self) -> None:
+        """Forget the step's batches: what the model was fed is what the loop trains
+        (`StepOwner.input_trained`), not data."""
+        self._batches.clear()
+
+    def read(self, v: list[float]) -> dict[str, float]:
+        """After the transfer `v`: the step's input scalars (`step_row.input_scalars`)."""
+        scalars, self._fingerprint = step_row.input_scalars(self._batches, v, self._fingerprint)
+        return scalars
+
+    def release(self) -> None:
+        """Drop what is held (the watch ends or failed)."""
+        self._outs, self._prev_outs = [], []
+        self._ramps.release()

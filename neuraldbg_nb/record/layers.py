@@ -71,7 +71,7 @@ def acts_by_mode(module: nn.Module) -> bool:
 _BORROWED: dict[type[nn.Module], tuple[str, ...]] = {nn.MultiheadAttention: ("out_proj",)}
 """Children whose forward the parent never calls: it passes their parameters to a
 functional call (`F.multi_head_attention_forward` takes `out_proj.weight`). Listed as
-layers of their own, they were rows without activations, numbered after every layer
+layers of their own, they would be rows without activations, numbered after every layer
 that runs."""
 
 
@@ -79,8 +79,8 @@ def borrowed(module: nn.Module) -> list[nn.Module]:
     """The children of `module` that are part of its layer: those whose parameters it
     uses without calling them (`_BORROWED`), and its parametrizations (`spectral_norm`,
     `weight_norm`), which compute its weight from parameters of their own. Listed as
-    layers, a parametrization's "output" was the weight, and a fault in a parametrized
-    weight was named after the parametrization, not after its layer."""
+    layers, a parametrization's "output" would be the weight, and a fault in a
+    parametrized weight would be named after the parametrization, not after its layer."""
     held = getattr(module, "parametrizations", None) if parametrize.is_parametrized(module) \
         else None
     found: list[nn.Module] = [held] if isinstance(held, nn.Module) else []
@@ -153,3 +153,14 @@ def tensors_in(obj: object) -> list[torch.Tensor]:
     if isinstance(obj, (tuple, list)):
         return [t for item in obj for t in tensors_in(item)]
     return []
+
+
+def storage_at(t: torch.Tensor) -> int:
+    """The address of `t`'s memory, shared by its views and detached copies; 0 where it
+    has none to compare (sparse and jagged layouts, tensor subclasses without one)."""
+    if t.layout != torch.strided:
+        return 0
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage of its own: nothing to match
+        return 0

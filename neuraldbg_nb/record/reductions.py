@@ -81,8 +81,8 @@ class Scalars:
     def _gathered(self) -> list[float]:
         """`to_host`'s values for chunks of several devices or dtypes (a sampled step's
         counts are integers): joined per device, each dtype widened first (float32 would
-        round counts above 2**24), and put in place by slices of a list (with numpy
-        indexing, a sampled step's transfer took 0.44 ms on the benchmark MLP; 0.24 so)."""
+        round counts above 2**24), and put in place by slices of a list (numpy indexing
+        takes about twice as long for a sampled step's transfer)."""
         out = [0.0] * self._n
         by_device: dict[torch.device, dict[torch.dtype, list[tuple[int, torch.Tensor]]]] = \
             defaultdict(lambda: defaultdict(list))
@@ -103,8 +103,8 @@ class Scalars:
 
 def acc_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype a tensor's sums and norms are taken in: float32 (half precision overflows
-    at 65504), float64 for float64 tensors (`vector_norm` refuses to narrow them: a
-    float64 model stopped the watch at its first step)."""
+    at 65504), float64 for float64 tensors (`vector_norm` refuses to narrow them, which
+    would stop the watch of a float64 model at its first step)."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
@@ -284,8 +284,8 @@ def _signs(x: torch.Tensor, nonneg: bool) -> torch.Tensor:
 DEAD_MIN_VALUES = 4
 """A unit is judged dead over at least this many of its values (rows of the batch,
 positions of a sequence, pixels of a feature map). One sample zeroes about half of a ReLU
-layer's units by chance: an online (batch size 1) MLP read 55% dead from step 0, where
-none of its units was dead over a thousand samples."""
+layer's units by chance: an online (batch size 1) MLP would read 55% dead from step 0,
+where none of its units is dead over a thousand samples."""
 
 
 def dead_judged(shape: torch.Size) -> bool:
@@ -347,10 +347,10 @@ us for amin and amax; even at 32768, 4.7 against 5.6 us; from 65536 on, the two 
 
 def min_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(min, max) of all of `x`, as `amin` and `amax`: two passes, but each of them
-    vectorised, where `torch.aminmax`'s one pass is not. On the project's 2-core AMD
-    EPYC machine, aminmax took 150 us against 93 us for the two of a 1M-element conv
-    output, 27 us against 19 us for a transformer's (16, 64, 192) output; small tensors
-    take the one call (`ONE_PASS_MIN_MAX`). A tensor that is not contiguous is read in
+    vectorised, where `torch.aminmax`'s one pass is not: on the CPU aminmax takes about
+    1.5 times as long as the two for a 1M-element conv output, and 1.4 times for a
+    transformer's (16, 64, 192) output; small tensors take the one call
+    (`ONE_PASS_MIN_MAX`). A tensor that is not contiguous is read in
     its memory order (`dense`): channels-last conv outputs, a multi-head attention's
     (seq, batch, dim) output seen batch first."""
     d = dense(x)
@@ -444,8 +444,8 @@ def stacked(plan: StackPlan, into: list[torch.Tensor] | None = None) -> Stacks:
     into: one buffer per group (`stack_buffers`) to copy into instead of new tensors,
     for a copy taken every step. A new stack larger than glibc's mmap threshold (128 KB:
     32 slices of 4096 floats) gets pages of its own, mapped and faulted in and unmapped
-    again at every step: on the benchmark's MLP 8x512 (a 147 KB stack) that was half of
-    the weight probe's 0.37 ms a step."""
+    again at every step: for an MLP 8x512 (a 147 KB stack) that is half of the weight
+    probe's time a step."""
     if into is None:
         return [(idx, torch.stack(views).reshape(len(views), -1)) for idx, views in plan]
     return [(idx, torch.stack(views, out=buf).reshape(len(views), -1))

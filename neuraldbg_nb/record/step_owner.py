@@ -14,41 +14,34 @@ from __future__ import annotations
 import weakref
 
 import torch
-from torch import nn
 
-from ..trace.columns import Trace
+from .discovery import Models
 
 
 class StepOwner:
     """The primary optimizer of one watch, and what each other optimizer trains.
 
-    `owners` is the probe's list of watched weights, (name, parameter, module id), which
-    grows as models are discovered; `index` maps a numbered layer's module id to its
-    index in `trace`. `given`: the watch was given its models (with none, any optimizer
-    may be the first to train a model the watch has yet to discover)."""
+    The watched weights are `models.owners`, which grows as models are found; where the
+    watch was not given its models, any optimizer may be the first to train a model the
+    watch has yet to find."""
 
-    def __init__(self, owners: list[tuple[str, nn.Parameter, int]], index: dict[int, int],
-                 trace: Trace, given: bool) -> None:
-        self._owners = owners
-        self._index = index
-        self._trace = trace
-        self._given = given
+    def __init__(self, models: Models) -> None:
+        self._owners = models.owners
+        self._index = models.index
+        self._trace = models.trace
+        self._given = models.given
+        self._other_lr = models.other_lr
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
         # other optimizers: the number of watched weights when last asked, and whether
         # they train any of them
         self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
             weakref.WeakKeyDictionary()
-        self.other_lr: set[int] = set()
-        """Modules whose weights another optimizer trains, not the primary: their layers'
-        learning rate is not the step's (`LayerInfo.primary_lr`)."""
         # steps of other optimizers since the primary's last one (see `_takes_over`)
         self._in_a_row: weakref.WeakKeyDictionary[torch.optim.Optimizer, int] = \
             weakref.WeakKeyDictionary()
         self.foreign_steps = 0
         """Steps of optimizers that train no watched weight, while none that does had
-        stepped: an optimizer made for an earlier copy of the model (`Probe.close_partial`)."""
-        self.last_input: weakref.ref[torch.Tensor] | None = None
-        """The tensor the watched model was last called with (`trains_the_input`)."""
+        stepped: an optimizer made for an earlier copy of the model (`live.notes.unstepped`)."""
         self.input_trained = False
         """The primary optimizer trains the model's input: it is not data, and not judged
         as data (an image optimised from all zeros read "input batch is all zeros")."""
@@ -59,14 +52,16 @@ class StepOwner:
         once it was freed: the next one to train watched weights takes its place)."""
         return self._primary() if self._primary is not None else None
 
-    def before_step(self, opt: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+    def before_step(self, opt: torch.optim.Optimizer,
+                    called_with: weakref.ref[torch.Tensor] | None) -> torch.optim.Optimizer | None:
         """Called as `opt` starts a step: the primary from this step on (`opt` itself
         where it is or becomes the primary), or None where no optimizer trains watched
-        weights yet and `opt` does not either (a foreign step, counted)."""
+        weights yet and `opt` does not either (a foreign step, counted). `called_with`: the
+        tensor the watched model was last called with (`trains_the_input`)."""
         primary = self.primary
         if primary is None:
             if not self._owns(opt):
-                if not self.trains_the_input(opt):
+                if not self.trains_the_input(opt, called_with):
                     self.foreign_steps += 1
                     return None
                 self.input_trained = True
@@ -92,19 +87,20 @@ class StepOwner:
                 theirs = {id(p) for g in opt.param_groups for p in g["params"]}
                 for _, p, mid in self._owners:
                     if id(p) in theirs and id(p) not in mine:
-                        self.other_lr.add(mid)
+                        self._other_lr.add(mid)
                         if mid in self._index:
                             self._trace.update_layer(self._index[mid], primary_lr=False)
         return known[1]
 
-    def trains_the_input(self, opt: torch.optim.Optimizer) -> bool:
+    def trains_the_input(self, opt: torch.optim.Optimizer,
+                         called_with: weakref.ref[torch.Tensor] | None) -> bool:
         """Whether `opt` optimises what the model is fed, not the model: style transfer,
         feature visualisation, adversarial examples, model inversion. It trains the very
-        tensor the model was last called with, or the model has no weight that takes a
-        gradient (its input is then what the loop trains, however it is transformed on
-        the way in). Such a loop was recorded as one step, with advice to make the
-        optimizer again from the model."""
-        last = self.last_input() if self.last_input is not None else None
+        tensor the model was last called with (`called_with`), or the model has no weight
+        that takes a gradient (its input is then what the loop trains, however it is
+        transformed on the way in). Its steps are the watch's steps: taken for an
+        optimizer of another model, such a loop would be recorded as one step."""
+        last = called_with() if called_with is not None else None
         if last is not None and any(p is last for g in opt.param_groups for p in g["params"]):
             return True
         return bool(self._owners) and not any(p.requires_grad for _, p, _ in self._owners)
@@ -121,8 +117,8 @@ class StepOwner:
         between (a second model trained after the first in the same block, while the
         first one's optimizer still exists). A GAN's generator steps once per
         discriminator step, and a critic's extra steps take over from a generator that
-        stepped first. Before, the second model's steps were never closed: its training
-        was not recorded, and the probe's per-step lists grew with it."""
+        stepped first. Without it, the second model's steps would never close: its
+        training would not be recorded, and the per-step lists would grow with it."""
         if not self.trains_watched(opt):
             return False
         self._in_a_row[opt] = self._in_a_row.get(opt, 0) + 1
@@ -130,7 +126,7 @@ class StepOwner:
             return False
         self._primary = weakref.ref(opt)
         self._others = weakref.WeakKeyDictionary()  # judged again against the new one
-        self.other_lr.clear()
+        self._other_lr.clear()
         for i in range(self._trace.n_layers):
             self._trace.update_layer(i, primary_lr=True)
         return True

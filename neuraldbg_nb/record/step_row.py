@@ -1,10 +1,10 @@
 """A step's trace row, assembled on the host from the step's one transfer.
 
-The probe queues each number on the device (`stats.Scalars`) and remembers where it will
-be in the transfer; these functions read them back into per-layer columns and scalars.
-They run right after a training step, when the CPU's caches hold the training's data,
-not ours: plain loops over a few dozen floats beat numpy there, and the numpy that stays
-does each column in a few calls (`benchmarks/RESULTS.md`, session 12).
+The probe queues each number on the device (`reductions.Scalars`) and remembers where it
+will be in the transfer; these functions read them back into per-layer columns and
+scalars. They run right after a training step, when the CPU's caches hold the training's
+data, not ours: plain loops over a few dozen floats beat numpy there, and the numpy that
+stays does each column in a few calls (`benchmarks/RESULTS.md`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 Fingerprint = tuple[float, ...]
-"""The input batches' min, max, sum and position-weighted sum (`batch_summary.input_batch`):
+"""The input batches' min, max, sum and position-weighted sum (`inputs.input_batch`):
 equal from one step to the next only for a repeated batch."""
 
 
@@ -23,9 +23,9 @@ def absmax(calls: list[int], mins: list[float], maxs: list[float], n: int,
     """Each layer's abs-max over its calls in the step (`calls`: the layer of each; inf
     where any value was not finite, NaN where it was not called). For a layer of `masks`
     (`masking`), -inf values are its mask, not a fault: its abs-max is that of its max.
-    A loop over the calls: right after a training step the caches are cold, and this
-    loop took 26 us where the six numpy calls it replaces took 93 us
-    (`benchmarks/RESULTS.md`, session 12)."""
+    A loop over the calls: right after a training step the caches are cold, and there
+    it takes about a quarter of the time of the six numpy calls that do the same
+    (`benchmarks/RESULTS.md`)."""
     out = [math.nan] * n
     inf, isnan = math.inf, math.isnan
     for i, lo, hi in zip(calls, mins, maxs):
@@ -96,7 +96,7 @@ def loss(v: list[float], heard: list[int], logged: list[int], logged_host: list[
 
 def input_scalars(inputs: list[tuple[dict[str, int], int]], v: list[float],
                   last: Fingerprint | None) -> tuple[dict[str, float], Fingerprint | None]:
-    """The input batches' summary (`batch_summary.input_batch`'s positions in `v`, and each
+    """The input batches' summary (`inputs.input_batch`'s positions in `v`, and each
     batch's size), and their fingerprint: a batch whose fingerprint is `last`, the
     previous step's, is an exact repeat."""
     if not inputs:
@@ -141,7 +141,7 @@ def layer_norms(v: list[float], parts: list[tuple[list[int], list[int]]],
     (positions in `v`, layer indices), as the rows of one (len(parts), n) array: NaN for
     layers with no tensor, inf where any tensor's norm is not finite. A loop over floats
     and one array at the end: after a training step the caches are cold, and there the
-    nine numpy calls it replaced (session 20) cost more than the loop."""
+    nine numpy calls that do the same cost more than the loop."""
     rows = []
     for pos, idx in parts:
         total = [0.0] * n

@@ -19,8 +19,6 @@ REFERENCE = "reference"
 EVENT = "event"
 
 
-
-
 @dataclass(frozen=True)
 class Capture:
     """The tensors of one layer (or of the batch: layer None) at one step."""
@@ -54,9 +52,9 @@ REFERENCE_BYTES = 1 << 16
 """Bytes kept of each tensor of a reference capture: a strided sample of larger ones
 (named in `Capture.sampled`). References are there to be compared with an event's
 capture (the inspector's histograms beside the last healthy step) and 16K values draw
-the same histogram as millions. Whole, the reference steps of the benchmark MLP 8x512
-(every weight, gradient, input and output: 18 MB) cost 20 ms each, 0.5 ms a step over
-its first 150 steps; sampled, about 5 ms. Event captures keep whole tensors."""
+the same histogram as millions. Whole, a reference step of an MLP 8x512 (every weight,
+gradient, input and output: 18 MB) costs about 20 ms, 0.5 ms a step over its first 150
+steps; sampled, about 5 ms. Event captures keep whole tensors."""
 
 
 class Captures:

@@ -1,5 +1,6 @@
 """A Run: the record of one watched training (trace, events, captures) and what a user asks
-of it. It reads; it never hooks or trains."""
+of it. It reads; it never hooks, trains or judges: its events are what its detection found
+(a live run's watch scans as it trains and judges every step when its block ends)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..detect.causes import Cause, likely_causes
 from ..detect.detection import (
     BaselineCache,
     Detection,
@@ -27,6 +29,7 @@ from .overhead import CostSource, Overhead
 
 if TYPE_CHECKING:
     import pandas as pd
+    import torch
 
     from .captures import Capture
 
@@ -35,8 +38,31 @@ STATUS_TEXT = {
     "finished": "finished",
     "stopped": "was stopped at the first failure",
     "raised": "raised an exception",
+    "exited": "ended with a non-zero exit code (sys.exit)",
     "interrupted": "was interrupted",
 }
+
+
+class Recorder(Protocol):
+    """What a live run's `step()` and `log_loss()` talk to: the recorder of the watch
+    whose block runs (`record.probe.Probe`)."""
+
+    @property
+    def attached(self) -> bool:
+        """Its hooks are installed: the watch's block is running."""
+        ...
+
+    def manual_step(self) -> None:
+        """End the step in progress."""
+        ...
+
+    def log_loss(self, value: float | torch.Tensor) -> None:
+        """The step's loss, given by hand."""
+        ...
+
+    def log_input(self, batch: object) -> None:
+        """The step's input batch, given by hand."""
+        ...
 
 
 class TrainingFailure(RuntimeError):
@@ -56,6 +82,8 @@ class Run:
 
     def __init__(self, trace: Trace, thresholds: Thresholds, captures: Captures,
                  detection: Detection | None = None) -> None:
+        """`detection`: what judges `trace`, step by step as it grows (a live run's, fed by
+        its watch). None: the trace is recorded already, and judged whole here."""
         self.trace = trace
         self.thresholds = thresholds
         self.captures = captures
@@ -72,7 +100,9 @@ class Run:
         self.unstepped: str | None = None
         """Why a live run recorded its whole block as one step, where no optimizer step
         of the watched model was seen (the story's headline says it; a note says more)."""
-        self._probe: Any = None
+        self.recorder: Recorder | None = None
+        """The watch's recorder (set by the watch): what `step()` and `log_loss()` call
+        while its block runs."""
         self.cost: CostSource | None = None
         """The engine's own time per step, measured while training (None when loaded)."""
         self._saved_cost: Overhead | None = None  # a loaded run's, as it was saved
@@ -89,14 +119,22 @@ class Run:
     # -- results ----------------------------------------------------------------------
     @property
     def events(self) -> list[Event]:
-        """Semantic events on transitions, in step order (up to the last recorded step)."""
-        self.detection.advance(self.trace)
+        """Semantic events on transitions, in step order, as far as the run is judged:
+        every recorded step once a watch's block has ended (while it runs, up to its last
+        scan: `live.scans.ScanSchedule`)."""
         return self.detection.events
 
     @property
     def first_failure(self) -> Event | None:
         """The root cause: the event that started the first failure."""
         return first_failure(self.events, self.thresholds)
+
+    @property
+    def likely_causes(self) -> list[Cause]:
+        """What probably made the first failure happen there (a learning rate moved, its
+        layer's weights changed outside the optimizer): `detect.causes`. Empty for a
+        healthy run."""
+        return likely_causes(self.events, self.first_failure, self.thresholds)
 
     @property
     def symptoms(self) -> list[Event]:
@@ -196,24 +234,43 @@ class Run:
     # -- live runs --------------------------------------------------------------------
     def step(self) -> None:
         """Mark the end of a training step, in loops without an optimizer."""
-        if self._probe is None or not self._probe.attached:
+        if self.recorder is None or not self.recorder.attached:
             raise RuntimeError("run.step() is for use inside the `with watch(...)` block")
-        self._probe.manual_step()
+        self.recorder.manual_step()
 
     def log_loss(self, value: Any) -> None:
         """Record this step's loss where it is not the tensor `backward()` is called on
         (e.g. a scaled AMP loss, or a loss computed elsewhere)."""
-        if self._probe is None or not self._probe.attached:
+        if self.recorder is None or not self.recorder.attached:
             raise RuntimeError("run.log_loss() is for use inside the `with watch(...)` block")
-        self._probe.log_loss(value)
+        self.recorder.log_loss(value)
+
+    def log_input(self, batch: Any) -> None:
+        """Record this step's input batch (a tensor, or a tuple/dict whose first floating
+        tensor is the input) where the watched model is not called with it: a training
+        step that calls the model's submodules (a framework's `training_step`). The
+        model's own calls in the step then record no other batch."""
+        if self.recorder is None or not self.recorder.attached:
+            raise RuntimeError("run.log_input() is for use inside the `with watch(...)` block")
+        self.recorder.log_input(batch)
 
     def subscribe(self, listener: Callable[[Run, list[Event]], None]) -> Callable[[], None]:
         """Call `listener(run, new_events)` after every recorded step; returns an
-        unsubscribe function. Views use it to update live."""
+        unsubscribe function. Views use it to update live: while one listens, the watch
+        judges the run at a view's pace, so what they read of it is at most
+        `live.scans.ScanSchedule.VIEW_LATENCY` late."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
-    def _notify(self, new: list[Event]) -> None:
+    @property
+    def listened(self) -> bool:
+        """Whether a listener follows the run (`subscribe`): its watch then scans at a
+        view's pace (`live.scans.ScanSchedule.VIEW_LATENCY`)."""
+        return bool(self._listeners)
+
+    def notify(self, new: list[Event]) -> None:
+        """Call every listener with `new`, the events found since the last call (the live
+        watch calls it after each recorded step, and when its block ends)."""
         for listener in list(self._listeners):
             listener(self, new)
 
@@ -251,16 +308,20 @@ class Run:
 
 def load(path: str | Path) -> Run:
     """A run saved with `Run.save`, ready to re-classify or show: its events as they were
-    found while it trained. (A file saved without them, by an older version, is judged
-    again from its exact steps.)"""
+    found while it trained. A file saved without its events is judged again from its
+    exact steps, here."""
     path = Path(path)
     trace = Trace.load(path.with_suffix(".npz"))
     meta_path = path.with_suffix(".json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     th = Thresholds(**_numbers(meta.get("thresholds", {}), Thresholds().as_dict()))
     saved = meta.get("events")
-    detection = None if saved is None else Detection(
-        th, trace.n_steps, [Event(**_numbers(e, ("value", "previous"))) for e in saved])
+    if saved is None:
+        detection = Detection(th)
+        detection.advance(trace)
+    else:
+        detection = Detection(th, trace.n_steps,
+                              [Event(**_numbers(e, ("value", "previous"))) for e in saved])
     run = Run(trace, th, Captures(0), detection)
     run.status = meta.get("status", "finished")
     run.notes = list(meta.get("notes", []))

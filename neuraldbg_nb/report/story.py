@@ -29,6 +29,8 @@ def headline(run: Run) -> str:
     who = "neuraldbg" if run.rank is None else f"neuraldbg [rank {run.rank[0]} of {run.rank[1]}]"
     if root is None and run.unstepped:
         return f"{who}: {run.unstepped} (see the note)."
+    if root is None and layers == 0 and steps > 0:
+        return f"{who}: watched no layer in {steps} step{'s' * (steps != 1)} (see the note)."
     if root is None:
         warnings = sum(e.severity == "warning" for e in run.events)
         extra = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""
@@ -83,45 +85,15 @@ def _from_gradients(e: Event) -> bool:
     return e.kind in GRADIENT_KINDS or (e.kind == "regime_shift" and e.signal == "gradient")
 
 
-def _lr_moved(events: list[Event], root: Event, lookback: int) -> list[str]:
-    """The learning rate's moves (`lr_change`, info) in the `lookback` steps up to the
-    first failure: a likely cause, said next to it. Units that died after a learning rate
-    raised 10x at step 100 were the first failure at step 110, and nothing said why."""
-    moves = [e for e in events
-             if e.kind == "lr_change" and root.step - lookback <= e.step <= root.step]
-    return [f"the learning rate went {e.previous:.3g} -> {e.value:.3g} at step {e.step}"
-            + (", the same step" if e.step == root.step else
-               f", {root.step - e.step} step{'s' * (root.step - e.step != 1)} before")
-            + ": a likely cause" for e in moves]
-
-
-def _edited(events: list[Event], root: Event, max_update: float) -> list[str]:
-    """Weights of the first failure's layer changed outside the optimizer just before it
-    (an `exploding_update` whose own update was small: `updates.findings`): the likely
-    cause, said next to it. A transformer's query weights scaled 30x at step 150 were
-    the first failure there (its activations jumped), while the edit itself was listed
-    among the symptoms. Weights that lost most of their size in one update (signal
-    "collapse": zeroed or reset in place) are said so too."""
-    near = [e for e in events if e.kind == "exploding_update" and e.layer == root.layer
-            and e.layer is not None and root.step - 1 <= e.step <= root.step
-            and e is not root]
-    lines = [f"its weights were changed outside the optimizer ({e.value:.3g}x their size) "
-             f"during step {e.step}: a likely cause" for e in near
-             if e.signal == "update" and e.previous < max_update <= e.value]
-    lines += [f"its weights lost {1 - e.value / e.previous:.0%} of their size in one update, "
-              f"during step {e.step} ({e.previous:.3g} -> {e.value:.3g}), as if zeroed or "
-              f"reset outside the optimizer: a likely cause" for e in near
-              if e.signal == "collapse" and e.previous > 0]
-    return lines
-
-
 def tell(run: Run) -> str:
+    """The whole story: the headline, the first failure with its likely causes
+    (`run.likely_causes`), what followed, the events before it, how training ended, the
+    notes and what watching cost."""
     lines = [headline(run)]
     root = run.first_failure
     if root is not None:
         lines.append(f"  cause: [{root.kind}] step {root.step}, {_where(root)}")
-        lines += [f"  {line}" for line in _lr_moved(run.events, root, run.thresholds.lookback)]
-        lines += [f"  {line}" for line in _edited(run.events, root, run.thresholds.max_update)]
+        lines += [f"  {cause}" for cause in run.likely_causes]
         if run.rank is not None and _from_gradients(root):
             lines.append("  (a distributed run averages the gradients over the ranks: where "
                          "this rank's input and activations were healthy, the failure may "

@@ -47,12 +47,12 @@ STEP_COLUMNS: tuple[str, ...] = (
     "in_absmax", "in_mean", "in_std", "in_zero_frac", "in_nonfinite", "in_const", "in_repeat",
     "sampled",
     "eval_layers",  # dropout/BatchNorm layers of a model in eval mode as the backward
-                    # starts (0: training mode; see `Probe._layers_in_eval`)
+                    # starts (0: training mode; see `record.discovery.Models.layers_in_eval`)
     "grad_carried",  # 1: the step's gradients still held the last step's (no zero_grad;
                      # see `record.carried.CarryCheck`;
                      # `REAPPLIED`: the last step's, applied again)
     "grads_missing",  # 1: a backward ran, but no weight had a gradient at the optimizer's
-                      # step (see `Probe._missing`)
+                      # step (see `record.optimizer.missing_gradients`)
 )
 """Per step scalars: the loss, the learning rate, the watched model's input batch, the
 models' mode, the gradients' zeroing."""

@@ -14,6 +14,8 @@ import pytest
 
 import neuraldbg_nb as ndbg
 
+pytestmark = pytest.mark.distributed
+
 HERE = Path(__file__).resolve().parent.parent  # tests/, where the helper scripts are
 
 

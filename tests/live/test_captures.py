@@ -154,7 +154,7 @@ def test_units_that_die_are_captured_at_the_step_their_event_names() -> None:
     """Dead units are judged on sampled steps and reported `patience` steps later, when
     the layer's tensors of the step they died at are gone: the watch captures them at the
     sampled step where the fraction crossed the line, so the event opens on that step's
-    own input and output (before, the nearest capture: a later step's batch alone)."""
+    own input and output (not the nearest capture: a later step's batch alone)."""
     setup = mlp()
     relu = "3"  # the ReLU after the hidden layer "2"
 

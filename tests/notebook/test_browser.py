@@ -34,6 +34,8 @@ from typing import Any
 import pytest
 from _jupyter import LAB, NOTEBOOK7, UI, Server, launch_server, missing_requirements
 
+pytestmark = pytest.mark.browser
+
 HERE = Path(__file__).resolve().parent.parent  # tests/
 ARTIFACTS = HERE / "artifacts"
 DOCS_SHOTS = {LAB.name: HERE.parent / "docs" / "panel.png",
@@ -155,7 +157,7 @@ def jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
     from playwright.sync_api import sync_playwright
 
     for old in [*ARTIFACTS.glob("*.png"), *ARTIFACTS.glob("*.json"), *ARTIFACTS.glob("*.log")]:
-        old.unlink(missing_ok=True)  # nothing stale from an earlier layout of the folder
+        old.unlink(missing_ok=True)  # shots and reports live in a folder per UI, not here
     server = launch_server(tmp_path_factory.mktemp("jupyter"))
     try:
         with sync_playwright() as p:

@@ -7,6 +7,8 @@ last cell of every notebook asserts the lesson's claim and prints one `LESSON OK
 which is checked here against the first failure the lesson teaches (kind, layer, step).
 
 The notebooks are committed without outputs; executing them here does not write them back.
+Each is written from the percent script beside it (`make lessons`), which
+test_lesson_sources.py holds it equal to.
 """
 
 from __future__ import annotations
@@ -71,22 +73,8 @@ def test_notebook_is_committed_without_outputs(name: str) -> None:
     nbformat.validate(nb)
     dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
              and (c.get("outputs") or c.get("execution_count") is not None)]
-    assert not dirty, f"{name}: cells {dirty} have outputs; strip them (notebooks/_build.py)"
+    assert not dirty, f"{name}: cells {dirty} have outputs; `make lessons` writes it without"
     assert "widgets" not in nb.metadata, f"{name}: widget state saved in the metadata"
-
-
-@pytest.mark.parametrize("name", sorted(CLAIMS))
-def test_notebook_is_what_the_builder_writes(name: str) -> None:
-    """notebooks/_build.py is the source: an edit made in a notebook alone (session 10's
-    to 01 and 06) was undone by the next build of another lesson."""
-    sys.path.insert(0, str(NOTEBOOKS))
-    try:
-        import _build
-    finally:
-        sys.path.remove(str(NOTEBOOKS))
-    assert (NOTEBOOKS / name).read_text(encoding="utf-8") == _build.render(name), (
-        f"{name} differs from what notebooks/_build.py writes: make the change in "
-        f"_build.py and run `python notebooks/_build.py {name[:2]}`")
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +113,7 @@ def _text(cell: dict) -> str:
     return "".join(parts)
 
 
+@pytest.mark.lessons
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_notebook_runs_and_its_lesson_holds(name: str, kernel_env: None) -> None:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)

@@ -77,6 +77,20 @@ def test_thresholds_options_reach_detection(ip) -> None:
     assert all(e.kind != "regime_shift" for e in run.events)
 
 
+def test_watch_options_reach_the_watch(ip) -> None:
+    """The options made from `WatchOptions` and `Thresholds` (`live.options`) set the
+    watch: activations off, a setting the magic writes nowhere by hand."""
+    import numpy as np
+
+    ip.run_cell_magic("neuraldbg", "--no-panel --no-activations --sample-every 5 "
+                                   "--lookback 4 --trend 50", TRAIN.format(steps=20, fault=-1))
+    run = ndbg.last_run()
+    assert (run.thresholds.lookback, run.thresholds.trend) == (4, 50)
+    _, act = run.trace.history("act_absmax")
+    _, grad = run.trace.history("grad_norm")
+    assert np.isnan(act).all() and np.isfinite(grad).any()
+
+
 def test_cell_exception_reaches_the_user_and_hooks_are_gone(ip) -> None:
     with pytest.raises(ZeroDivisionError):
         ip.run_cell_magic("neuraldbg", "--no-panel",
@@ -126,8 +140,8 @@ def _widgets() -> list:
 
 def test_a_note_is_said_once_under_the_panel_not_as_a_warning_too(ip, capsys) -> None:
     """An optimizer made for an earlier copy of the model (the model's cell run again):
-    the run's note says so once, printed when the cell ends; the same text as a warning
-    pointing at the magic's own code said it twice."""
+    the run's note says so once, printed when the cell ends, and not again as a warning
+    pointing at the magic's own code."""
     import warnings
 
     stale = "model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))\n"

@@ -201,8 +201,9 @@ def test_loop_without_optimizer_or_step_calls_is_one_step_with_a_warning():
 
 def test_an_optimizer_made_for_an_earlier_copy_of_the_model_is_named_as_the_cause(tmp_path):
     """A notebook runs the model's cell again after the optimizer's: the optimizer trains
-    the earlier copy's parameters, and the watched model never changes. Before, the run
-    said that no optimizer step was seen and asked for run.step() calls."""
+    the earlier copy's parameters, and the watched model never changes. The run names
+    that optimizer as the cause, rather than saying that no optimizer step was seen and
+    asking for run.step() calls."""
     setup = mlp()
     stale = torch.optim.SGD(mlp().model.parameters(), lr=0.05)  # the earlier copy's
     before = [p.detach().clone() for p in setup.model.parameters()]
@@ -287,8 +288,8 @@ def test_two_optimizers_gan_loop():
 @pytest.mark.parametrize("step", [30, 33])  # a sampled step, and one between samples
 def test_a_generators_bad_learning_rate_is_found_in_the_generator(step, tmp_path):
     """The discriminator's optimizer steps first and marks the steps; the generator's
-    steps after it, and its update is measured and its weights read after it too.
-    Before, its update read as nothing, and the blow-up was found a step late in the
+    steps after it, and its update is measured and its weights read after it too, so its
+    blow-up is found at its step in the generator, not a step late in the
     discriminator's input batch (blamed on the data). The step's learning rate is the
     discriminator's, so the sentence does not quote it for the generator's layers."""
     G, D = _gan()
@@ -307,8 +308,8 @@ def test_a_generators_bad_learning_rate_is_found_in_the_generator(step, tmp_path
 
 def test_the_generators_output_is_not_the_data():
     """The discriminator's input is the generator's output (detached or not): the
-    generator's blow-up is the generator's, not a data anomaly. Before, the data came
-    first in the blame and took it."""
+    generator's blow-up is the generator's, not a data anomaly (the data comes first in
+    the blame, so an input taken for data would take it)."""
     G, D = _gan()
     with ndbg.watch({"G": G, "D": D}, report=False) as run:
         _gan_loop(G, D, 45, bad_weight=33)
@@ -327,7 +328,7 @@ def test_the_generators_output_is_not_the_data():
 def test_a_gradient_penalty_gan_blames_the_generator_or_the_data(fault):
     """WGAN-GP: the critic also reads interpolates of real and generated samples, made to
     take gradients (`requires_grad_`). With several models, such an input is not the
-    data: a generator blow-up was blamed on the input batch through them."""
+    data (a generator blow-up would be blamed on the input batch through them)."""
     G, D = _gan()
     opt_g = torch.optim.Adam(G.parameters(), lr=1e-4, betas=(0.5, 0.9))
     opt_d = torch.optim.Adam(D.parameters(), lr=1e-4, betas=(0.5, 0.9))
@@ -373,7 +374,7 @@ def test_a_discriminators_bad_learning_rate_names_the_learning_rate():
 def test_a_second_model_trained_after_the_first_is_recorded(given):
     """Two models trained one after the other in one block, each with its optimizer (the
     first one's still exists): the second's optimizer takes over the steps at its second
-    step. Before, its steps were never closed, and its fault was not found."""
+    step, so its steps are closed and its fault is found."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(3)
     x, y = torch.randn(64, 10, generator=gen), torch.randint(0, 4, (64,), generator=gen)

@@ -317,14 +317,14 @@ def test_rich_statistics_of_small_activations_taken_in_batches_are_the_real_ones
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     w = ndbg.watch(model, report=False, sample_every=1)
-    w._probe._batch_rows.max_bytes = reductions.BATCH_BYTES if batched else 0
+    w._probe._forward._batch_rows.max_bytes = reductions.BATCH_BYTES if batched else 0
     with w as run:
         for step[0] in range(3):
             x, y = torch.randn(8, 3, 6, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
             opt.zero_grad()
             nn.functional.cross_entropy(model(x.contiguous(memory_format=layout)), y).backward()
             opt.step()
-        assert (w._probe._batch_rows.nbytes > 0) == batched
+        assert (w._probe._forward._batch_rows.nbytes > 0) == batched
     df = run.to_dataframe().set_index(["step", "layer"])
     assert real[(0, "act2")]["dead_frac"] >= 10 / 32 and real[(0, "tanh")]["sat_frac"] > 0.05
     for (s, name), want in real.items():
@@ -382,7 +382,7 @@ def test_the_input_fingerprint_weighs_by_position_with_a_bounded_ramp() -> None:
 def test_the_input_fingerprints_weights_have_no_pattern_that_cancels() -> None:
     """Batches of 16 one-hot rows of 6 states: every pair of distinct batches of 2,000 has
     its own weighted sum. With weights i (or frac(i x golden ratio)) two batches whose
-    states add up alike (or differ alike) had the same one."""
+    states add up alike (or differ alike) would have the same one."""
     gen = torch.Generator().manual_seed(0)
     states = torch.randint(0, 6, (2000, 16), generator=gen)
     ramps = inputs.Ramps()

@@ -1,0 +1,73 @@
+"""What the backwards of a step tell: the loss (the tensor `backward()` was called on, or
+what `run.log_loss` was given), whether each starts on the last step's gradients
+(`CarryCheck`), and how many watched layers were in eval mode as it started."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..trace.columns import REAPPLIED
+from . import reductions, step_row
+from .carried import CarryCheck
+from .discovery import Models
+
+
+class Backwards:
+    """The backwards of one watch's step, queued on the step's `Scalars`."""
+
+    def __init__(self, models: Models, sc: reductions.Scalars) -> None:
+        self._models = models
+        self._sc = sc
+        self._carry = CarryCheck()
+        self.new_step()
+
+    def new_step(self) -> None:
+        """A step starts (the last one's transfer was read)."""
+        self._heard: list[int] = []  # positions of the losses `backward()` was called on
+        self._logged: list[int] = []  # of the tensors given to `log_loss`
+        self._logged_host: list[float] = []  # the numbers given to `log_loss`
+        self._carry.new_step()
+        self.eval_layers = -1
+        """The most layers found in eval mode at a backward of the step; -1: none heard."""
+
+    def heard(self, root: torch.Tensor) -> None:
+        """A backward starts from `root` (the loss tap)."""
+        self._heard.append(self._sc.add(root.detach()))
+        self._carry.at_backward(self._sc)
+        self.eval_layers = max(self.eval_layers, self._models.layers_in_eval())
+
+    def log_loss(self, value: float | torch.Tensor) -> None:
+        """The step's loss, given by hand (`run.log_loss`)."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"log_loss takes a scalar; got a tensor of shape "
+                                 f"{tuple(value.shape)}. Reduce it first, e.g. loss.mean().")
+            self._logged.append(self._sc.add(value.detach().reshape(())))
+        else:
+            self._logged_host.append(float(value))
+
+    @property
+    def pending(self) -> bool:
+        """A backward was heard, or a loss logged, since the step began."""
+        return bool(self._heard or self._logged or self._logged_host)
+
+    @property
+    def any_heard(self) -> bool:
+        """A backward ran in the step."""
+        return bool(self._heard)
+
+    def loss(self, v: list[float]) -> float:
+        """After the transfer `v`: the step's loss (`step_row.loss`)."""
+        return step_row.loss(v, self._heard, self._logged, self._logged_host)
+
+    def carried(self, opt: torch.optim.Optimizer | None,
+                params: list[tuple[str, torch.nn.Parameter, int]], v: list[float]) -> float:
+        """After the transfer `v`: whether the step's gradients were the last step's
+        (`CarryCheck.judge`; NaN for a step closed by hand with no backward, a loop that
+        only logs)."""
+        carried = self._carry.judge(self._carry.witness(opt, params), v, len(self._heard))
+        if opt is None and carried == REAPPLIED:  # `run.step()` with no backward: logging
+            carried = math.nan
+        return carried

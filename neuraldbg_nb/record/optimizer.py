@@ -1,0 +1,120 @@
+"""The optimizers' step hooks: where a step ends, and the weights around each update.
+
+The primary optimizer's step (`StepOwner`) ends the watch's step (`Boundary.close`): before
+its update, or after it where the step is given a closure (which runs the step's forward
+and backward inside it). Around the updates of sampled steps the weight probe keeps a copy
+of a slice of each weight, and after every update that trains watched weights it reads
+them (`WeightProbe`). A loop without an optimizer ends its steps by hand (`manual_step`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from . import reductions
+from .step_owner import StepOwner
+from .timing import StepTimer, clock
+from .weights import WeightProbe
+
+if TYPE_CHECKING:
+    from .boundary import Boundary
+    from .inputs import Inputs
+
+
+class Optimizers:
+    """The optimizer step hooks of one watch (`pre`, `post`) and steps ended by hand."""
+
+    def __init__(self, steps: StepOwner, weights: WeightProbe, boundary: Boundary,
+                 inputs: Inputs, timer: StepTimer, sc: reductions.Scalars) -> None:
+        self._steps = steps
+        self._weights = weights
+        self._boundary = boundary
+        self._inputs = inputs
+        self._timer = timer
+        self._sc = sc
+        self.steps_seen = 0
+        """Steps of the primary optimizer."""
+        self.manual_steps = False
+        """A step was ended by hand (`run.step()`)."""
+        self._closure_step = False  # the primary's step in progress was given a closure
+
+    def pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """An optimizer's step begins."""
+        primary = self._steps.before_step(opt, self._inputs.called_with)
+        if primary is None:  # no optimizer trains the watched weights yet, nor does this one
+            return
+        if primary is opt:
+            self.steps_seen += 1
+            self._before_update()
+            # a closure runs the step's forward and backward inside the step: it closes
+            # after it (`post`); `args` starts with the optimizer itself
+            self._closure_step = callable(kwargs.get("closure", args[1] if len(args) > 1
+                                                     else None))
+            if not self._closure_step:
+                self._boundary.close(opt)
+        elif self._weights.measuring and self._steps.trains_watched(opt):
+            # another optimizer of the step (a GAN's generator): its update is measured
+            # on the step the primary's was, and adds to it
+            self._weights.keep_before()
+
+    def post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        """An optimizer's step (its update) ended."""
+        primary = self._steps.primary
+        if primary is opt:
+            if self._closure_step:
+                self._closure_step = False
+                self._boundary.close(opt)
+            self.after_update(primary=True)
+        elif primary is not None and self._steps.trains_watched(opt):
+            self.after_update(primary=False)  # the weights are read after every update
+
+    def manual_step(self) -> None:
+        """End a step by hand (loops without an optimizer)."""
+        self.manual_steps = True
+        self._boundary.close(None)
+        self.after_update()
+
+    def _before_update(self) -> None:
+        """Before the update of a sampled step: the weight probe's copy that the update
+        is measured against (`after_update`)."""
+        if self._boundary.sampled:
+            self._weights.keep_before()
+
+    def after_update(self, primary: bool = True) -> None:
+        """After an optimizer's update: the weight probe (`WeightProbe.after_update`),
+        sent with the next step's transfer."""
+        t0 = clock()
+        self._weights.after_update(self._sc, primary)
+        self._timer.other_s += clock() - t0
+
+
+def learning_rate(opt: torch.optim.Optimizer | None,
+                  sc: reductions.Scalars) -> tuple[float, int]:
+    """The step's learning rate, the first parameter group's: (its value, -1) where it is
+    a number, (NaN, its position on `sc`) where it is a tensor (a scheduler's on a
+    device), (NaN, -1) without an optimizer."""
+    if opt is None or not opt.param_groups:
+        return math.nan, -1
+    lr = opt.param_groups[0].get("lr", math.nan)
+    if isinstance(lr, torch.Tensor):
+        return math.nan, sc.add(lr.detach())
+    return float(lr), -1
+
+
+def missing_gradients(opt: torch.optim.Optimizer | None, backward_ran: bool, any_grad: bool,
+                      params: list[tuple[str, nn.Parameter, int]]) -> float:
+    """1.0 where a backward ran in the step but, at the optimizer's step, no watched
+    weight held a gradient although some are trainable: the gradients were cleared
+    between the backward and the step (`zero_grad()` after `backward()`), or the loss
+    does not depend on the model (its output detached). Nothing trains, and nothing
+    else says so. 0.0 where some weight had one, NaN where it cannot be told (no
+    backward heard; a step closed by hand, whose loop may clear them on purpose)."""
+    if opt is None or not backward_ran:
+        return math.nan
+    if any_grad:
+        return 0.0
+    return 1.0 if any(p.requires_grad for _, p, _ in params) else math.nan

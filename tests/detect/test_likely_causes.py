@@ -1,0 +1,130 @@
+"""Likely causes (`detect.causes`): a learning rate moved, or weights changed outside the
+optimizer, next to the first failure. Found on real short trainings, and said the same way
+by every view: the story, the panel's state, and a run saved and loaded."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from models import mlp, train, weight_of
+
+import neuraldbg_nb as ndbg
+from neuraldbg_nb.detect.causes import Cause, likely_causes
+from neuraldbg_nb.detect.events import Event
+from neuraldbg_nb.notebook import panel_state
+from neuraldbg_nb.notebook.panel import Panel
+
+S = 40
+STEPS = 60
+
+
+def lr_raised(factor: float):
+    """The learning rate raised `factor`x from step S on, and left there."""
+    def hit(step, model, opt):
+        if step == S:
+            for group in opt.param_groups:
+                group["lr"] *= factor
+    return {"on_step_start": hit}
+
+
+def weights_scaled(layer: str, factor: float):
+    """A layer's weights multiplied in place, outside the optimizer, at step S."""
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).mul_(factor)
+    return {"on_step_start": hit}
+
+
+def trained(fault=None, steps: int = STEPS) -> ndbg.Run:
+    setup = mlp()
+    kw = {} if fault is None else fault(setup)
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, steps, **kw)
+    return run
+
+
+def _said_everywhere(run: ndbg.Run, tmp_path) -> list[Cause]:
+    """The run's likely causes, after checking that the story, the panel's state and the
+    saved and loaded run say the same."""
+    causes = run.likely_causes
+    texts = [c.text for c in causes]
+    story = str(run).splitlines()
+    for text in texts:
+        assert f"  {text}" in story, str(run)
+    assert panel_state.panel_state(run, with_values=True)["likely_causes"] == texts
+    assert Panel(run).likely_causes == texts
+    loaded = ndbg.load(run.save(tmp_path / "run"))
+    assert loaded.likely_causes == causes
+    assert [line for line in str(loaded).splitlines() if "a likely cause" in line] == \
+        [f"  {text}" for text in texts]
+    return causes
+
+
+def test_a_learning_rate_raised_before_the_failure_is_its_likely_cause(tmp_path) -> None:
+    """SGD at 0.05 raised 30x at step 40: a layer's activations jump at step 41, the
+    first failure, and the learning rate's move the step before is said beside it."""
+    run = trained(lambda setup: lr_raised(30))
+    root = run.first_failure
+    assert root is not None and root.step == S + 1, root
+    causes = _said_everywhere(run, tmp_path)
+    assert [(c.kind, c.step, c.layer) for c in causes] == [("lr_change", S, None)]
+    cause = causes[0]
+    assert math.isclose(cause.previous, 0.05) and math.isclose(cause.value, 1.5)
+    assert cause.text == (f"the learning rate went 0.05 -> 1.5 at step {S}, 1 step before: "
+                          f"a likely cause")
+
+
+def test_weights_multiplied_outside_the_optimizer_are_the_likely_cause(tmp_path) -> None:
+    """A hidden layer's weights multiplied 1000x in place at step 40: its activations jump
+    there (the first failure), and the edit, which no update of the optimizer made, is
+    said beside it with its size."""
+    layer = mlp().layers["mid"]
+    run = trained(lambda setup: weights_scaled(layer, 1000.0))
+    root = run.first_failure
+    assert root is not None and (root.layer, root.step) == (layer, S), root
+    causes = _said_everywhere(run, tmp_path)
+    assert [(c.kind, c.step, c.layer) for c in causes] == [("edited", S, layer)]
+    edit = causes[0]
+    assert 500 < edit.value < 2000, edit  # about 1000x the weights' size
+    assert edit.previous < run.thresholds.max_update  # the optimizer's own step was small
+    assert edit.text == (f"its weights were changed outside the optimizer "
+                         f"({edit.value:.3g}x their size) during step {S}: a likely cause")
+
+
+def test_a_healthy_run_has_no_likely_cause(tmp_path) -> None:
+    run = trained()
+    assert run.first_failure is None
+    assert _said_everywhere(run, tmp_path) == []
+    assert "a likely cause" not in str(run)
+
+
+def test_a_learning_rate_moved_long_before_the_failure_is_not_its_cause() -> None:
+    """A move more than `lookback` steps before the first failure is not named."""
+    run = trained(lambda setup: lr_raised(30))
+    root = run.first_failure
+    assert root is not None and root.step == S + 1, root
+    near = run.reclassify(lookback=1)
+    assert near.first_failure == root
+    assert [c.kind for c in near.likely_causes] == ["lr_change"]
+    far = run.reclassify(lookback=0)  # its first failure is then the error at step 42
+    assert far.first_failure is not None and far.first_failure.step > S
+    assert far.likely_causes == []
+
+
+@pytest.mark.parametrize("signal,value,previous,said", [
+    ("collapse", 0.8, 4.0, ("its weights lost 80% of their size in one update, during step "
+                            "41 (4 -> 0.8), as if zeroed or reset outside the optimizer")),
+    ("update", 3.0, 2.0, None),  # the optimizer's own update was large: its own doing
+])
+def test_an_update_of_the_layer_next_to_it_is_a_cause_only_when_the_optimizer_did_not_make_it(
+        signal, value, previous, said) -> None:
+    root = Event(42, "fc", "regime_shift", "error", "fc: activations jumped", 900.0, 1.0,
+                 "activation", order=1)
+    update = Event(41, "fc", "exploding_update", "warning", "fc: weights changed", value,
+                   previous, signal, order=1)
+    causes = likely_causes([update, root], root, ndbg.Thresholds())
+    assert [c.text for c in causes] == ([] if said is None else [f"{said}: a likely cause"])
+    assert likely_causes([update, root], None, ndbg.Thresholds()) == []

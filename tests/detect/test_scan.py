@@ -1,0 +1,112 @@
+"""The event state machine (`detect.scan`) on hand-made traces: a condition is reported
+once it has held `patience` steps, at the step it started; a value hovering at a line gives
+one event (hysteresis); non-finite values never recover; NaN means "not measured" and
+holds the state; and the last healthy row of each layer is found as a search would."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from traces import N, build, noisy, of
+
+import neuraldbg_nb as ndbg
+from neuraldbg_nb.detect import detect
+from neuraldbg_nb.detect.scan import HOLD, OK, WARNING, last_ok_rows
+
+
+def test_vanishing_needs_patience_and_is_reported_at_its_first_step():
+    g = noisy(1e-2, cols=2)
+    g[25, 0] = 1e-8                 # one-step dip: not vanishing
+    g[40:42, 0] = 1e-8              # two steps: still not (patience 3)
+    g[30:33, 1] = 1e-8              # three steps: vanishing, from step 30
+    trace = build([("a", "other"), ("b", "other")], {"grad_norm": g})
+    _, events = detect(trace)
+    assert of(events, "vanishing_gradient", "a") == []
+    van = of(events, "vanishing_gradient", "b")
+    assert len(van) == 1
+    assert van[0].step == 30 and van[0].severity == "error"
+    assert van[0].value == pytest.approx(1e-8, rel=1e-3)
+    assert van[0].end == 33          # back to healthy at step 33
+    rec = of(events, "recovery", "b")
+    assert [e.step for e in rec] == [33]
+
+
+def test_patience_is_a_threshold_setting():
+    g = noisy(1e-2, cols=1)
+    g[30:32, 0] = 1e-8
+    trace = build([("a", "other")], {"grad_norm": g})
+    assert of(detect(trace)[1], "vanishing_gradient") == []
+    found = of(detect(trace, ndbg.Thresholds(patience=2))[1], "vanishing_gradient")
+    assert [e.step for e in found] == [30]
+
+
+def test_nonfinite_is_never_a_recovery():
+    a = noisy(1.0, cols=2)
+    g = noisy(0.1, cols=2, seed=3)
+    loss = noisy(1.0)[:, 0]
+    a[30, 0] = np.inf               # one non-finite step, then finite again
+    g[35, 1] = np.inf
+    loss[40] = np.inf
+    trace = build([("a", "other"), ("b", "other")], {"act_absmax": a, "grad_norm": g},
+                  {"loss": loss})
+    states, events = detect(trace)
+    act = of(events, "nonfinite_activation")
+    assert [(e.step, e.layer, e.severity, e.end) for e in act] == [(30, "a", "error", None)]
+    grad = of(events, "nonfinite_gradient")
+    assert [(e.step, e.layer, e.end) for e in grad] == [(35, "b", None)]
+    lossev = of(events, "loss_nonfinite")
+    assert [(e.step, e.layer, e.end) for e in lossev] == [(40, None, None)]
+    assert of(events, "recovery") == []
+    dense = states.dense()
+    assert (dense[30:, 0] == 3).all() and (dense[:30, 0] == 1).all()
+    assert (dense[35:, 1] == 3).all()
+
+
+def test_nan_in_the_trace_means_not_measured_not_healthy():
+    """Unmeasured steps hold the state: a sampled column that is NaN between samples
+    neither ends a condition nor starts one."""
+    d = np.full((N, 1), np.nan)
+    d[::5, 0] = 0.1
+    d[30::5, 0] = 0.95              # from step 30 on, every sample is dead
+    trace = build([("r", "relu")], {"dead_frac": d})
+    _, events = detect(trace)
+    dead = of(events, "dead_units")
+    assert [(e.step, e.severity) for e in dead] == [(30, "error")]
+    assert dead[0].end is None
+    assert of(events, "recovery") == []
+
+
+def test_value_hovering_at_the_threshold_gives_one_event():
+    g = noisy(1.0, cols=1)
+    g[20:41, 0] = [1010.0, 990.0] * 10 + [1010.0]   # hovering around explode=1e3
+    trace = build([("a", "other")], {"grad_norm": g})
+    _, events = detect(trace)
+    exp = of(events, "exploding_gradient")
+    assert [(e.step, e.end) for e in exp] == [(20, 41)]
+    assert [e.step for e in of(events, "recovery", "a", "gradient")] == [41]
+
+
+def test_dead_units_hovering_at_the_threshold_give_one_event():
+    d = np.full((N, 1), 0.1)
+    d[20:48, 0] = [0.55, 0.55, 0.55, 0.3] * 7        # held 3 steps, then one healthy dip
+    trace = build([("r", "relu")], {"dead_frac": d})  # healthy (0.1) again from step 48
+    _, events = detect(trace)
+    dead = of(events, "dead_units")
+    # one event; it ends where the lasting health began (the dip at 47 that went on)
+    assert [(e.step, e.severity, e.end) for e in dead] == [(20, "warning", 47)]
+
+
+def test_last_healthy_rows_match_a_brute_force_search():
+    rng = np.random.default_rng(3)
+    for n in (1, 5, 70, 300):
+        codes = rng.choice(np.array([HOLD, OK, OK, WARNING], np.int8), (n, 9))
+        codes[:, 0] = HOLD                                 # never observed
+        codes[:, 1] = OK                                   # healthy to the end
+        codes[: n // 2, 2], codes[n // 2:, 2] = OK, WARNING  # healthy long ago
+        values = rng.normal(size=(n, 9))
+        values[rng.random((n, 9)) < 0.2] = np.nan
+        values[-1, 1] = np.nan                             # the last healthy row: NaN
+        for cols in (np.arange(9), np.array([1, 2, 5]), np.array([0])):
+            want = [max([r for r in range(n) if codes[r, j] == OK
+                         and not np.isnan(values[r, j])], default=-1) for j in cols]
+            assert last_ok_rows(codes, values, cols).tolist() == want

@@ -1,0 +1,104 @@
+"""Activations in real trainings: -inf as a mask from the first step and as a fault later
+(`nonfinite_activation`), and units that die after the learning rate is raised, dated from
+when they began (`dead_units`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from faults import STEPS, S
+
+import neuraldbg_nb as ndbg
+
+
+class _MaskHead(torch.nn.Module):
+    """The logits of illegal actions set to -inf: a mask by design."""
+
+    def forward(self, z: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+        return z.masked_fill(~legal, float("-inf"))
+
+
+class _LogHead(torch.nn.Module):
+    """log of probabilities: -inf where one underflows to 0 (the fault injected below)."""
+
+    zero_at: int | None = None
+
+    def forward(self, z: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(z, -1)
+        if self.zero_at is not None:
+            p = p * (torch.arange(p.shape[-1]) != self.zero_at)
+        return torch.log(p)
+
+
+@pytest.mark.parametrize("head", ["mask", "mask, NaN weight at S", "log, -inf at S"])
+def test_minus_inf_is_a_mask_from_the_first_step_and_a_fault_later(head):
+    """A layer whose output holds -inf from its first call (illegal actions' logits, a
+    masked attention score) masks by design: no non-finite error at every step. A NaN in
+    it is still one, and so is -inf in a layer whose output was finite before (a log
+    of a probability that underflowed to 0), at its layer and step."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    last = _LogHead() if head.startswith("log") else _MaskHead()
+    teacher = torch.randn(20, 10, generator=gen)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    model = torch.nn.ModuleDict({"net": net, "head": last})
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            x = torch.randn(128, 20, generator=gen)
+            legal = torch.rand(128, 10, generator=gen) < 0.5
+            legal[:, 0] = True
+            if step == S and "NaN" in head:
+                with torch.no_grad():
+                    net[2].weight[0, 0] = math.nan
+            if step == S and head.startswith("log"):
+                last.zero_at = 3
+            out = last(net(x), legal)
+            target = (x @ teacher).masked_fill(~legal, float("-inf")).argmax(1)
+            loss = torch.nn.functional.nll_loss(out, target) if head.startswith("log") else \
+                torch.nn.functional.cross_entropy(out, target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            last.zero_at = None
+    ff = run.first_failure
+    if head == "mask":
+        assert ff is None and not [str(e) for e in run.events if e.severity == "error"]
+        assert np.isfinite(run.trace.col("act_absmax")).all()
+    elif "NaN" in head:
+        assert (ff.step, ff.layer, ff.kind) == (S, "net.2", "nonfinite_activation"), ff
+    else:
+        assert (ff.step, ff.layer, ff.kind) == (S, "head", "nonfinite_activation"), ff
+
+
+def test_units_dying_after_a_learning_rate_raised_tenfold_are_dated_when_they_began():
+    """SGD with momentum, the learning rate raised 10x at step 100 (0.05 -> 0.5): the
+    third layer's units die, 71% by the sampled step 110 (a warning), and cross the error
+    line (90%) only at step 250. The first failure is the layer's dying from step 110,
+    the first sample after the change, not the step where it became an error."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    teacher = torch.randn(32, 8, generator=gen)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(300):
+            x = torch.randn(128, 32, generator=gen)
+            y = (x @ teacher + 0.5 * torch.randn(128, 8, generator=gen)).argmax(1)
+            if step == 100:
+                for group in opt.param_groups:
+                    group["lr"] *= 10
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    ff = run.first_failure
+    assert ff is not None and 100 <= ff.step <= 110, ff
+    assert any(e.kind == "dead_units" and e.severity == "error" and e.step > 200
+               for e in run.events)
+    assert "the learning rate went 0.05 -> 0.5 at step 100" in str(run)  # named beside it

@@ -1,0 +1,117 @@
+"""`neuraldbg run` runs a script as `python` does: the script's folder first on `sys.path`
+(sibling imports), `-m package.module`, the script's exit code kept, `sys.exit(0)` and a
+normal end a clean finish, and a plain note where it watched no optimizer step. Each case
+runs in a subprocess, as a user's shell runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import neuraldbg_nb as ndbg
+
+TRAIN = """
+import torch
+from torch import nn
+
+def train(steps=30, fault_step=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        x = torch.randn(16, 8, generator=g)
+        if step == fault_step:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+"""
+
+
+def neuraldbg(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuraldbg_nb.cli", "run", "--save",
+                           str(cwd / "out.npz"), *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, check=False)
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_script_imports_its_siblings_and_a_normal_end_is_a_clean_finish(tmp_path):
+    code = tmp_path / "project"
+    write(code, "helpers.py", TRAIN)
+    write(code, "main.py", "from helpers import train\ntrain(fault_step=12)\nprint('done')\n")
+    done = neuraldbg(tmp_path, str(code / "main.py"))  # run from another folder
+    assert done.returncode == 0, done.stderr
+    assert "done" in done.stdout
+    run = ndbg.load(tmp_path / "out.npz")
+    assert run.status == "finished"
+    assert (run.first_failure.kind, run.first_failure.step) == ("data_anomaly", 12)
+
+
+def test_dash_m_runs_a_module_of_a_package_from_the_current_folder(tmp_path):
+    write(tmp_path, "pkg/__init__.py", "")
+    write(tmp_path, "pkg/helpers.py", TRAIN)
+    write(tmp_path, "pkg/train.py", """
+        import sys
+        from pkg.helpers import train
+        assert __name__ == "__main__"
+        train(fault_step=int(sys.argv[1]))
+    """)
+    done = neuraldbg(tmp_path, "-m", "pkg.train", "7")
+    assert done.returncode == 0, done.stderr
+    run = ndbg.load(tmp_path / "out.npz")
+    assert run.first_failure.step == 7 and run.trace.n_steps == 30
+
+
+@pytest.mark.parametrize("ending, code, status", [
+    ("sys.exit(0)", 0, "finished"),
+    ("sys.exit()", 0, "finished"),
+    ("sys.exit(3)", 3, "exited"),
+    ("raise ValueError('bad config')", 1, "raised"),
+])
+def test_the_scripts_exit_code_is_kept_and_the_run_saved(tmp_path, ending, code, status):
+    write(tmp_path, "helpers.py", TRAIN)
+    write(tmp_path, "main.py", f"import sys\nfrom helpers import train\ntrain()\n{ending}\n")
+    done = neuraldbg(tmp_path, "main.py")
+    assert done.returncode == code, done.stderr
+    assert "training raised an exception" not in done.stderr or code == 1
+    if code == 1:
+        assert "ValueError: bad config" in done.stderr
+        assert 'File "' in done.stderr and "main.py" in done.stderr
+    run = ndbg.load(tmp_path / "out.npz")
+    assert run.status == status and run.trace.n_steps == 30
+
+
+def test_a_script_without_an_optimizer_step_gets_a_note_that_says_so(tmp_path):
+    write(tmp_path, "main.py", """
+        import torch
+        from torch import nn
+        model = nn.Linear(4, 1)
+        for _ in range(5):
+            model(torch.randn(8, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+    """)
+    done = neuraldbg(tmp_path, "main.py")
+    assert done.returncode == 0, done.stderr
+    run = ndbg.load(tmp_path / "out.npz")
+    assert run.unstepped is not None
+    assert "optimizer" in (" ".join(run.notes) + run.unstepped)
+
+
+def test_no_script_and_no_module_is_a_clear_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "neuraldbg_nb.cli", "run"],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 2 and "give a script to run, or -m MODULE" in done.stderr

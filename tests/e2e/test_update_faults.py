@@ -1,0 +1,103 @@
+"""Optimizer updates in real trainings: weights shrinking under a weight decay far too
+strong, weights zeroed in place (`exploding_update`), and weights the optimizer does not
+move (`weights_not_updated`): a layer in no optimizer, and what is not one, a warm-up from
+a learning rate of 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from faults import STEPS, S
+from loops import assert_no_errors, setup_loop
+from models import FACTORIES, cnn, mlp, train, weight_of
+
+import neuraldbg_nb as ndbg
+
+
+def test_a_weight_decay_set_far_too_strong_is_the_weights_shrinking():
+    """AdamW's weight decay set to 500 at step 40 (a typo for 5e-4): every update halves
+    the weights, each below the exploding-update line (0.5x of their size), and the
+    activations collapse after them. The weights' shrinking is named, within a few steps
+    of the typo."""
+    setup = FACTORIES["mlp"]()
+    opt = torch.optim.AdamW(setup.model.parameters(), lr=1e-3, weight_decay=0.01)
+
+    def typo(step, model, opt):
+        if step == S:
+            for g in opt.param_groups:
+                g["weight_decay"] = 500.0
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS, opt=opt, on_step_start=typo)
+    shrink = [e for e in run.events if e.signal == "shrink"]
+    assert shrink and {e.severity for e in shrink} == {"warning"}
+    assert all(S <= e.step <= S + 4 for e in shrink), [str(e) for e in shrink]
+    assert setup.layers["mid"] in {e.layer for e in shrink}
+
+
+@pytest.mark.parametrize("arch", ["mlp", "cnn"])
+def test_weights_zeroed_in_place_with_their_bias_kept_are_the_first_failure(arch):
+    """A layer's weights zeroed between two steps, its bias kept (a bad checkpoint merge,
+    a pruning bug): its output is the bias alone. The norm's fall in one update is below
+    any growth line (a difference of norms reads at most 1x the weights' size), so a
+    growth rule alone would leave warnings and no first failure (the next layer's
+    activations collapsing). A fall of 5x or more is an error and the layer's own change."""
+    setup = FACTORIES[arch]()
+    layer = setup.layers["mid"]
+
+    def hit(step, model, opt):
+        if step == S:
+            with torch.no_grad():
+                weight_of(model, layer).zero_()
+
+    with ndbg.watch(setup.model, report=False) as run:
+        train(setup, STEPS, on_step_start=hit)
+    early = [str(e) for e in run.events if e.severity != "info" and e.step < S]
+    assert not early, early
+    ff = run.first_failure
+    assert ff is not None and (ff.layer, ff.step) == (layer, S), str(run)
+    if arch == "mlp":  # 4.38 -> 0.808; the next layer's activations collapsed 29x
+        assert (ff.signal, ff.severity) == ("collapse", "error"), str(run)
+        assert f"weights lost 82% of their size during step {S}" in ff.message
+    else:  # behind a BatchNorm: a gradient that blows up, and an update 274x the weights
+        assert ff.kind == "regime_shift", str(run)
+
+
+@pytest.mark.parametrize("every", [10, 50])
+def test_parameters_not_in_the_optimizer(every):
+    """Layer 0 gets gradients but is in no optimizer: training goes on through the other
+    layers, and the run says that layer 0 never moves (at the first sampled update that
+    follows another update, the sampled step after step 0), and says nothing of the
+    layers that train. However far apart the sampled steps are."""
+    setup = mlp()
+    model = setup.model
+    opt = torch.optim.SGD(list(model[2].parameters()) + list(model[4].parameters()),
+                          lr=0.05, momentum=0.9)
+    before = model[0].weight.detach().clone()
+    with ndbg.watch(model, report=False, sample_every=every) as run:
+        losses = setup_loop(setup, 120, opt=opt, zero=model.zero_grad)
+    assert torch.equal(model[0].weight, before)
+    assert losses[-10:].mean() < losses[:10].mean()
+    assert run.trace.n_steps == 120
+    assert_no_errors(run)
+    names = run.trace.layer_names
+    g = run.trace.col("grad_norm")[:, names.index("0")]
+    assert np.isfinite(g).all() and (g > 0).all()
+    (stuck,) = [e for e in run.events if e.kind == "weights_not_updated"]
+    assert (stuck.layer, stuck.step, stuck.severity, stuck.end) == ("0", every, "warning", None)
+    assert "not in the optimizer" in stuck.message
+
+
+def test_a_warm_up_from_a_learning_rate_of_zero_is_not_a_layer_left_out():
+    """The first update of a warm-up at a learning rate of 0 moves nothing, and the
+    next ones move the weights by very little: none of it is a layer out of the
+    optimizer."""
+    for arch in (mlp, cnn):
+        setup = arch()
+        opt = setup.make_opt(setup.model)
+        warm = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / 50))
+        with ndbg.watch(setup.model, report=False) as run:
+            train(setup, 40, opt=opt, after_update=lambda *_, w=warm: w.step())
+        assert run.trace.scalar("lr")[0] == 0
+        assert not [e for e in run.events if e.kind == "weights_not_updated"], arch
