@@ -48,12 +48,14 @@ lessons: setup
 	$(VENV)/bin/jupyter nbconvert --clear-output --inplace --log-level=WARN notebooks/[0-9][0-9]_*.ipynb
 
 bench: setup
+	$(PY) benchmarks/notebook_path.py
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/self_time.py
 	$(PY) benchmarks/panel_scale.py
 	$(PY) benchmarks/memory.py
 
 bench-quick: setup
+	$(PY) benchmarks/notebook_path.py --quick
 	$(PY) benchmarks/overhead.py --quick
 	$(PY) benchmarks/self_time.py --quick
 	$(PY) benchmarks/panel_scale.py --quick

@@ -329,6 +329,7 @@ class Config:
     step: Callable[[Bench], object]
     context: Callable[[Bench], contextlib.AbstractContextManager] | None = None
     watch_kwargs: dict[str, object] | None = None
+    env: dict[str, str] | None = None  # environment the watch is made under
     runs: dict[str, neuraldbg_nb.Run] = field(default_factory=dict)
     watches: dict[str, object] = field(default_factory=dict)
 
@@ -336,8 +337,17 @@ class Config:
         if self.watch_kwargs is not None:
             w = self.watches.get(b.key)
             if w is None:
-                w = self.watches[b.key] = neuraldbg_nb.watch(b.model, report=False,
-                                                             **self.watch_kwargs)
+                saved = {k: os.environ.get(k) for k in self.env or {}}
+                os.environ.update(self.env or {})
+                try:
+                    w = self.watches[b.key] = neuraldbg_nb.watch(b.model, report=False,
+                                                                 **self.watch_kwargs)
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
             return w
         if self.context is not None:
             return self.context(b)
@@ -367,6 +377,8 @@ def configs() -> tuple[list[Config], list[str]]:
         Config("budget", "neuraldbg overhead=0.02 (adaptive)", step,
                watch_kwargs={"overhead": 0.02}),
         Config("sample1", "neuraldbg sample_every=1", step, watch_kwargs=every_step_kwargs()),
+        Config("hooks_sampled", "neuraldbg layer hooks on sampled steps, replay", step,
+               watch_kwargs={}, env={"NEURALDBG_LAYER_HOOKS": "sampled"}),
         Config("floor", "floor: one fused gradient read", step_gradient_floor),
         Config("floor_hooks", "floor: gradient read + empty layer hooks", step_gradient_floor,
                context=empty_hooks),
@@ -589,11 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
     for c in cfgs:
         if c.watch_kwargs is not None:
-            notes.append(f"{c.label}: {call_text(c.watch_kwargs)}")
+            env = "".join(f"{k}={v} " for k, v in (c.env or {}).items())
+            notes.append(f"{c.label}: {env}{call_text(c.watch_kwargs)}")
     notes.append("Self-reported: the engine's own time per step, measured by the run as it "
                  "trained (the mean over its last 256 steps, reference-capture steps left "
-                 "out), over the loop's median step without it; it leaves out PyTorch's "
-                 "cost of calling the hooks.")
+                 "out), over the loop's median step without it; PyTorch's cost of calling "
+                 "the hooks is estimated per layer call, from a calibration.")
     notes.append(f"Ratios: per round, a quad of {steps}-step blocks (plain, config, config, "
                  "plain); the config's time over the plain time of the same quad; the "
                  f"median over {rounds} rounds. Quartiles: of the same {rounds} ratios.")

@@ -42,7 +42,7 @@ import overhead as ob  # the same models and training step
 import neuraldbg_nb
 from neuraldbg_nb.detect import detection
 from neuraldbg_nb.live import watcher
-from neuraldbg_nb.record import forward, optimizer, probe, reductions
+from neuraldbg_nb.record import forward, optimizer, probe, reductions, replay
 
 # part -> the functions charged to it: (owner, attribute name)
 PARTS: dict[str, list[tuple[Any, str]]] = {
@@ -52,6 +52,8 @@ PARTS: dict[str, list[tuple[Any, str]]] = {
     "input batch and loss": [(probe.Probe, "_root_pre"), (probe.Probe, "_root_post"),
                              (probe.Probe, "_on_backward")],
     "gradient norms": [(reductions, "grouped_norms")],
+    "layer hooks on and off (sampled steps)": [(probe.Probe, "_set_hooks")],
+    "replay (anomalous steps)": [(replay.Replay, "run")],
     "transfer to the host": [(reductions.Scalars, "to_host")],
     "step row (trace, host-side)": [(probe.Probe, "_opt_pre"), (probe.Probe, "_opt_post")],
     "weight probe (after the update)": [(optimizer.Optimizers, "after_update")],

@@ -12,7 +12,22 @@ export const STATUS_LABELS: Record<Status, string> = {
   finished: "finished",
   stopped: "stopped at failure",
   raised: "raised",
+  interrupted: "interrupted",
+  exited: "exited",
 };
+
+/** A run that ended having recorded no step or no layer: it watched nothing. */
+export function watchedNothing(snap: Pick<Snapshot, "status" | "step" | "layers">): boolean {
+  return snap.status !== "training" && (snap.step === 0 || snap.layers.length === 0);
+}
+
+/**
+ * The header's step: the last recorded step, numbered as the map's axis numbers it (from
+ * 0), so the two agree; its tooltip gives the count.
+ */
+export function stepLabel(steps: number): string {
+  return steps > 0 ? `step ${steps - 1}` : "no step yet";
+}
 
 export interface HeaderView {
   readonly el: HTMLElement;
@@ -51,9 +66,11 @@ export function createHeader(parent: HTMLElement): HeaderView {
     el: root,
     update(snap) {
       const status = snap.status in STATUS_LABELS ? snap.status : "training";
-      badge.className = `ndbg-status ndbg-status-${status}`;
-      badge.textContent = STATUS_LABELS[status];
-      step.textContent = `step ${snap.step}`;
+      const nothing = watchedNothing(snap);
+      badge.className = `ndbg-status ndbg-status-${nothing ? "nothing" : status}`;
+      badge.textContent = nothing ? `${STATUS_LABELS[status]}: watched nothing` : STATUS_LABELS[status];
+      step.textContent = stepLabel(snap.step);
+      step.title = `${snap.step} step${snap.step === 1 ? "" : "s"} recorded (0 to ${Math.max(snap.step - 1, 0)})`;
       cost.textContent = snap.cost;
       cost.title = snap.costDetail;
       cost.hidden = !snap.cost;

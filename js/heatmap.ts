@@ -42,6 +42,8 @@ export interface HeatmapView {
   draw(): number;
   /** The cell under a point given relative to the canvas' top-left corner (CSS px). */
   cellAt(x: number, y: number): Cell | null;
+  /** Scroll the map (only the map's own box) so `row` is in view, centred if it was not. */
+  revealRow(row: number): void;
   dispose(): void;
 }
 
@@ -450,6 +452,7 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
       const height = next.layers.length * ROW_HEIGHT;
       body.style.height = `${height}px`;
       root.classList.toggle("ndbg-map-is-empty", next.layers.length === 0);
+      empty.textContent = next.status === "training" ? "no layers recorded yet" : "no layers recorded";
       if (hover && (hover.row >= rows() || hover.col >= cols())) {
         hover = null;
         tooltip.hidden = true;
@@ -459,6 +462,14 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
     },
     draw,
     cellAt,
+    revealRow(row) {
+      if (row < 0 || row >= rows()) return;
+      const top = row * ROW_HEIGHT;
+      const view = scroll.clientHeight || viewHeight();
+      if (top >= scroll.scrollTop && top + ROW_HEIGHT <= scroll.scrollTop + view) return;
+      scroll.scrollTop = Math.max(0, top - (view - ROW_HEIGHT) / 2);
+      options.requestDraw();
+    },
     dispose() {
       resize?.disconnect();
       canvas.removeEventListener("mousemove", onMove);

@@ -44,6 +44,8 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
   let pick: Clicked | null = null;
   let feedDirty = false;
   let frame: number | null = null;
+  /** The status last drawn: the map shows the first failure's row once training ends. */
+  let shownStatus: string | null = null;
 
   const header = createHeader(root);
   const message = document.createElement("div");
@@ -56,6 +58,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
     feedDirty = true;
     inspector.expect(next.selection);
     sync.set("selected", next.selection);
+    sync.flush(); // a click is one act: ask Python at once (the debounce is for sliders)
     schedule();
   }
 
@@ -118,6 +121,13 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
     if (touches(changed, MAP)) {
       heatmap.update(s, changed);
       mapDirty = true;
+    }
+    const ended = shownStatus !== s.status && s.status !== "training";
+    if (changed.has("status")) shownStatus = s.status;
+    if (changed.has("selected") && s.selected?.layer != null) {
+      heatmap.revealRow(s.layers.indexOf(s.selected.layer));
+    } else if ((ended || changed.has("first_failure")) && s.firstFailure?.layer != null && !s.selected) {
+      heatmap.revealRow(s.layers.indexOf(s.firstFailure.layer));
     }
     if (changed.has("inspector_html")) inspector.setHtml(s.inspectorHtml, s.selected);
     if (feedDirty || touches(changed, FEED)) {

@@ -7,7 +7,7 @@
  */
 import type { AnyModel } from "@anywidget/types";
 
-export type Status = "training" | "finished" | "stopped" | "raised";
+export type Status = "training" | "finished" | "stopped" | "raised" | "interrupted" | "exited";
 export type Severity = "info" | "warning" | "error";
 
 /** Cell states in `map`: the worst state in the bucket. */

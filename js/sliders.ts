@@ -12,6 +12,8 @@ import type { SliderSpec, Thresholds } from "./model";
 export type { SliderSpec } from "./model";
 
 export const STEPS = 1000;
+/** Slider positions one arrow key moves (PageUp / PageDown: five times as many). */
+export const KEY_STEP = STEPS / 50;
 
 /** Two significant digits: slider values read as "3.2e-5", not "3.1622776e-5". */
 export function roundNice(x: number): number {
@@ -113,6 +115,19 @@ export function createSliders(
     input.addEventListener("input", () => {
       dragging = spec.key;
       value.textContent = formatThreshold(spec, fromSlider(spec, Number(input.value)));
+    });
+    // Arrow keys move a slider by a visible amount (a 1/STEPS step reads as no move);
+    // the native key handling fires "input" and "change" as a drag would.
+    input.addEventListener("keydown", (e) => {
+      const delta = { ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1, PageUp: 5, PageDown: -5 }[e.key];
+      if (delta === undefined) return;
+      e.preventDefault();
+      e.stopPropagation(); // the notebook's own shortcuts must not take the key
+      const next = Math.min(STEPS, Math.max(0, Number(input.value) + delta * KEY_STEP));
+      if (String(next) === input.value) return;
+      input.value = String(next);
+      input.dispatchEvent(new Event("input", { bubbles: true }));
+      input.dispatchEvent(new Event("change", { bubbles: true }));
     });
     input.addEventListener("change", () => {
       dragging = null;

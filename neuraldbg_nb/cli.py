@@ -11,6 +11,8 @@
                                      saves RUN.rank<r>.npz)
     neuraldbg show RUN.npz           the story of a saved run
     neuraldbg show RUN.npz --vanish 1e-7 ...   the same run under other thresholds
+    neuraldbg report RUN.npz [-o REPORT.html]  the run as one offline HTML page
+    neuraldbg compare A.npz B.npz    where two runs part, and the events one lacks
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .live.options import (
     watch_keywords,
 )
 from .live.watcher import watch
+from .report.compare import compare
 from .report.run import TrainingFailure, load
 
 
@@ -64,6 +67,14 @@ def make_parser() -> argparse.ArgumentParser:
     p_show.add_argument("path", type=Path)
     p_show.add_argument("--events", action="store_true", help="list every event")
     add_arguments(p_show, threshold_arguments())
+    p_report = sub.add_parser("report", help="write a saved run as one offline HTML page")
+    p_report.add_argument("path", type=Path)
+    p_report.add_argument("-o", "--output", type=Path, default=None,
+                          help="the HTML file (default: the run's path with .html)")
+    add_arguments(p_report, threshold_arguments())
+    p_compare = sub.add_parser("compare", help="where two saved runs part")
+    p_compare.add_argument("a", type=Path)
+    p_compare.add_argument("b", type=Path)
     return parser
 
 
@@ -111,6 +122,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return code
 
 
+def _check_saved(parser: argparse.ArgumentParser, path: Path) -> None:
+    """Exit with a usage error where no run is saved at `path`."""
+    if not path.exists() and not path.with_suffix(".npz").exists():
+        parser.error(f"no saved run at {path}")
+
+
 def _exit_code(exit_: SystemExit) -> int:
     """The process exit code `python` gives a `SystemExit`: None is 0, a number is itself,
     anything else is printed and is 1."""
@@ -139,12 +156,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         return _run(parser, args)
 
-    if not args.path.exists() and not args.path.with_suffix(".npz").exists():
-        parser.error(f"no saved run at {args.path}")
+    if args.command == "compare":
+        for path in (args.a, args.b):
+            _check_saved(parser, path)
+        comparison = compare(args.a, args.b)
+        print(comparison)
+        return 0
+
+    _check_saved(parser, args.path)
     run = load(args.path)
     changes = threshold_changes(args)
     if changes:
         run = run.reclassify(**changes)
+    if args.command == "report":
+        out = args.output or args.path.with_suffix(".html")
+        print(f"neuraldbg: report written to {run.to_html(out)}")
+        return 0
     print(run)
     if args.events:
         for e in run.events:

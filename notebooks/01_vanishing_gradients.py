@@ -104,9 +104,9 @@ print(f"\ntest accuracy {broken_acc:.1%}")
 #
 # The first failure is a **vanishing gradient in `fc5` from step 0**, and the
 # same in `fc4`, `fc3`, `fc2` and `fc1`, listed after it. In the map the rows of
-# `fc1` to `fc4` are red from the first column to the last (`fc5`, right on the
-# line, comes back above it for a while and falls under again). Accuracy is
-# chance (about 10%).
+# `fc1` to `fc5` are magenta (error) from the first column to the last: none of their
+# gradients comes back (the `recovery` lines of `fc1` in the feed are about its weights,
+# updated again after a stall). Accuracy is chance (about 10%).
 #
 # Why `fc5`, and not `fc1` whose gradient is the smallest? Gradients are computed
 # backwards, from the loss to the input. At every layer on the way down the signal

@@ -76,7 +76,7 @@ print(f"\ntest accuracy {broken_acc:.1%}")
 # ## What the panel shows
 #
 # **`relu1`: about 90% of its units dead (zero for the whole batch), was 5%**, and
-# the row stays red to the end. It is the only failure. The test accuracy is
+# the row stays magenta (error) to the end. It is the only failure. The test accuracy is
 # not even bad, which is exactly the danger: the network works with the ten or so
 # first-layer units it has left out of 128, and nothing but the panel says so.
 #

@@ -10,7 +10,7 @@
 # # 7. Bugs of the loop: training that runs, and is not the training you wrote
 #
 # Not every broken run goes NaN. Three bugs that notebooks make every day leave
-# nothing red on the screen: a model left in evaluation mode after an evaluation,
+# no error on the map: a model left in evaluation mode after an evaluation,
 # a layer replaced after the optimizer was made, and an optimizer made for an
 # earlier copy of the model. The loss falls (or just sits there), no number
 # explodes, and no other tool says a word. A fourth, a loop without
@@ -102,7 +102,8 @@ print(in_eval)
 # first evaluation, the model trained in evaluation mode: dropout off, and
 # BatchNorm normalising each batch with running statistics that it no longer
 # updates, frozen at what the first epoch left. The run says so at the first step
-# it happened, with how many layers it concerns. The evaluations themselves, run
+# it happened, with how many layers it concerns: a warning, which becomes an error
+# (and the first failure, dated from step 23) once it has gone on for 50 steps. The evaluations themselves, run
 # under `torch.no_grad()`, are not recorded: they train nothing.
 #
 # On this small, easy dataset the accuracy hardly shows it, and that is the
@@ -141,11 +142,13 @@ print(stuck.message)
 
 # %% [markdown]
 # The accuracy is fine: the other layers learn to use whatever the random first
-# layer computes. What trained is not what you meant to try. The run reads each
-# layer's update size on its sampled steps (every 10th): `fc1`'s was exactly 0 at
-# steps 0 and 10 although its gradient was not, so from step 10 it says that the
-# optimizer leaves `fc1` unchanged. The fix: make the optimizer after the model
-# is final.
+# layer computes. What trained is not what you meant to try. The run reads the
+# optimizer's parameter groups at every step: from step 0, `fc1`'s weights get
+# gradients that no optimizer holds, while the optimizer still holds weights the
+# model no longer has, so it names `fc1` as replaced after the optimizer was built,
+# an error and the first failure. Its sampled updates say the same a few steps
+# later: `fc1`'s update was exactly 0 at steps 0 and 10 although its gradient was
+# not. The fix: make the optimizer after the model is final.
 #
 # ## Bug 3: an optimizer made for an earlier copy of the model
 #
@@ -230,9 +233,12 @@ print(fixed)
 
 # %%
 quiet = ("eval_mode", "weights_not_updated")
-(e1,) = [e for e in in_eval.events if e.kind == "eval_mode"]
+(e1, held) = [e for e in in_eval.events if e.kind == "eval_mode"]
 assert (e1.step, e1.layer, e1.severity, e1.value) == (23, None, "warning", 2), e1
-assert in_eval.first_failure is None
+assert (held.step, held.severity) == (23 + 49, "error"), held
+assert in_eval.first_failure is e1, in_eval.first_failure
+e3 = left_out.first_failure
+assert (e3.kind, e3.layer, e3.step) == ("not_in_optimizer", "fc1", 0), e3
 (e2,) = [e for e in left_out.events if e.kind == "weights_not_updated"]
 assert (e2.layer, e2.step, e2.severity) == ("fc1", 10, "warning"), e2
 assert left_out_acc > 0.9, left_out_acc
@@ -244,6 +250,7 @@ assert no_zero.symptoms, "it broke the training"
 assert fixed.first_failure is None, fixed.first_failure
 assert not [e for e in fixed.events if e.kind in quiet], fixed.events
 assert fixed_acc > 0.9, fixed_acc
-lesson_ok(f"{e1.kind} step {e1.step}; {e2.kind} {e2.layer} step {e2.step}; "
+lesson_ok(f"{e1.kind} step {e1.step}; {e3.kind} {e3.layer} step {e3.step}, "
+          f"{e2.kind} step {e2.step}; "
           f"an optimizer of an earlier model named; {e4.kind} step {e4.step}; "
           f"fixed run quiet")

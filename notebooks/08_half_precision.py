@@ -156,7 +156,8 @@ for epoch, (a, b) in enumerate(zip(epoch_losses(half), epoch_losses(mixed))):
 # The two runs are close until step 69. After it, the loss of the float32 weights
 # goes on falling through the low-learning-rate epochs, which is what a decay is
 # for; the bfloat16 run's stays about where it was when its weights stopped
-# moving.
+# moving. Once every layer's updates round away, the whole model has stopped
+# learning: that is an error, and the run's first failure.
 #
 # The warning's threshold is a fraction of weights left unchanged by one update:
 # `unmoved` (0.9 by default). A healthy bfloat16 training leaves a few tenths of
@@ -168,12 +169,14 @@ for epoch, (a, b) in enumerate(zip(epoch_losses(half), epoch_losses(mixed))):
 
 # %%
 found = {e.layer: (e.step, e.signal) for e in half.events
-         if e.kind == "weights_not_updated"}
+         if e.kind == "weights_not_updated" and e.layer is not None}
 assert sorted(found) == ["fc1", "fc2", "out"], found
 assert found["out"] == (70, "rounding"), found
 assert all(70 <= step <= 140 and signal == "rounding"
            for step, signal in found.values()), found
-assert half.first_failure is None, half.first_failure
+whole = half.first_failure
+assert (whole.kind, whole.signal, whole.layer) == ("weights_not_updated", "model", None), whole
+assert whole.step == max(step for step, _ in found.values()), (whole, found)
 assert not [e for e in mixed.events if e.severity != "info"], mixed.events
 half_loss, mixed_loss = epoch_losses(half), epoch_losses(mixed)
 assert abs(half_loss[2] - mixed_loss[2]) < 0.01, (half_loss, mixed_loss)
@@ -181,5 +184,6 @@ fell_half, fell_mixed = half_loss[4] - half_loss[7], mixed_loss[4] - mixed_loss[
 assert fell_mixed > 2 * fell_half, (half_loss, mixed_loss)
 assert mixed_acc > 0.9, mixed_acc
 lesson_ok(f"weights_not_updated out step {found['out'][0]} (rounding), "
-          f"fc1 and fc2 by step 140; the loss stopped falling; float32 weights with "
+          f"fc1 and fc2 by step 140, the whole model at step {whole.step}; the loss "
+          f"stopped falling; float32 weights with "
           f"autocast quiet")

@@ -50,6 +50,15 @@ export const SLIDER_SPECS: readonly SliderSpec[] = [
     "min": 0.1,
     "max": 1.0,
     "log": false
+  },
+  {
+    "key": "max_update",
+    "label": "weight update ≥",
+    "help": "Relative change of a layer's weight norm in one optimizer step that counts as an exploding update (1.0: the norm doubled, or fell to zero).",
+    "default": 1.0,
+    "min": 0.01,
+    "max": 100.0,
+    "log": true
   }
 ];
 

@@ -29,14 +29,17 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     roles = trace.roles
     nonfinite = grade(~np.isnan(a), (np.isinf(a), ERROR))
 
+    # a layer whose output is not finite is neither alive nor out of saturation: its
+    # fractions are not read there, so no recovery contradicts its non-finite event
+    finite = ~np.isinf(a) & ~(trace.col("act_nonfinite", lo, stop) > 0)
     dead = trace.col("dead_frac", lo, stop).astype(np.float64)
     relu = (roles == "relu")[None, :]
-    dead_codes = grade(relu & ~np.isnan(dead) & ~_band(dead, th.dead),
+    dead_codes = grade(relu & finite & ~np.isnan(dead) & ~_band(dead, th.dead),
                        (dead >= th.dead, WARNING), (dead >= max(th.dead, DEAD_ERROR), ERROR))
 
     sat = trace.col("sat_frac", lo, stop).astype(np.float64)
     bounded = (roles == "bounded")[None, :]
-    sat_codes = grade(bounded & ~np.isnan(sat) & ~_band(sat, th.saturated),
+    sat_codes = grade(bounded & finite & ~np.isnan(sat) & ~_band(sat, th.saturated),
                       (sat >= th.saturated, WARNING))
     return [
         Finding("nonfinite_activation", "activation", nonfinite, a, sticky=True,

@@ -67,7 +67,8 @@ def _lr_moved(events: list[Event], root: Event, lookback: int) -> list[Cause]:
     """The learning rate's moves in the `lookback` steps up to the first failure."""
     out = []
     for e in events:
-        if e.kind != "lr_change" or not root.step - lookback <= e.step <= root.step:
+        if e.kind != "lr_change" or e.signal != "lr" \
+                or not root.step - lookback <= e.step <= root.step:
             continue
         gap = root.step - e.step
         when = ", the same step" if gap == 0 else f", {gap} step{'s' * (gap != 1)} before"

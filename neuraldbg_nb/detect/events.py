@@ -27,6 +27,8 @@ class Kind(str, enum.Enum):
     GRADS_NOT_ZEROED = "grads_not_zeroed"
     NO_GRADIENTS = "no_gradients"
     STEP_REPEATED = "step_repeated"
+    NOT_IN_OPTIMIZER = "not_in_optimizer"
+    CUT_OFF = "cut_off"
     RECOVERY = "recovery"
 
     def __str__(self) -> str:

@@ -120,15 +120,21 @@ def converged(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     gradient from 7.3e-3 to 5.3e-7: not a vanishing gradient). Or as far below the run's
     first loss: there the residual the gradients come from is next to nothing, however
     long ago it got there (full-batch Rprop fits two spirals from 0.687 to 5e-5 in 100
-    steps, before there is a level 200 steps back, and then sits at the float32 floor). A gradient that vanishes while the loss stays
-    (saturated or dead layers) is judged as usual."""
-    logs = log_level(trace.scalar("loss", lo, stop)[:, None])
+    steps, before there is a level 200 steps back, and then sits at the float32 floor). Or
+    a loss of exactly 0 at that step: an exact fit (a hinge loss once every margin is
+    met), whose gradients are exactly 0 because nothing is left to learn, not because the
+    loss does not reach the layers; judged at that step only, so a failure after it is
+    judged as usual. A gradient that vanishes while the loss stays (saturated or dead
+    layers) is judged as usual."""
+    loss = trace.scalar("loss", lo, stop)
+    logs = log_level(loss[:, None])
     level, _ = trailing_stats(logs, th.window, th.warmup)
     first = trace.first_loss
     start = np.log10(first) if np.isfinite(first) and first > 0 else np.nan
     line = -np.log10(CONVERGED)
     with np.errstate(invalid="ignore"):
-        return ((level - lagged(level, th.trend) <= line) | (level - start <= line))[:, 0]
+        return ((level - lagged(level, th.trend) <= line) | (level - start <= line))[:, 0] \
+            | (loss == 0)
 
 
 def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:
@@ -194,6 +200,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     line, scaled = explode_line(trace, th)
     exploding = _exploding(g, finite, line, th) if scaled >= 0 else \
         grade(finite, (g > line, ERROR))
+    # a gradient at or below the vanish line is no health for an exploding one, nor one
+    # above the explode line for a vanished one: each condition ends only into health
+    exploding[finite & (g < th.vanish)] = HOLD
     scale = np.full(g.shape, HOLD, np.int8)  # one info event, at the first step
     if scaled >= 0 and lo == 0 and len(g):
         scale[0, scaled] = INFO
@@ -202,8 +211,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         & ~starting(g, lo, th.window) & ~converged(trace, lo, stop, th)[:, None]
     zero = g == 0  # no part of the loss reaches the layer at all (signal "cut")
     tiny = (g > 0) & (g < th.vanish)
-    vanishing = grade(judged & ~zero, (tiny, ERROR))
-    cut = grade(judged & ~tiny, (zero, WARNING))
+    healthy_or_low = ~(g > line)
+    vanishing = grade(judged & ~zero & healthy_or_low, (tiny, ERROR))
+    cut = grade(judged & ~tiny & healthy_or_low, (zero, WARNING))
     return [
         _frozen(trace, lo, stop, g, finite, th),
         Finding("nonfinite_gradient", "gradient", nonfinite, g, sticky=True, message=lambda

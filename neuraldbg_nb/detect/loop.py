@@ -4,7 +4,9 @@
   BatchNorm normalises with running statistics it no longer updates: the loss still
   falls. A notebook that evaluates in one cell and trains again in the next, without
   `model.train()`, does exactly this. The probe counts the layers that act by mode as
-  each backward starts (`eval_layers`).
+  each backward starts (`eval_layers`). A warning from its first step; held for
+  `eval_steps` steps in a row, an error (the first failure, dated from the warning's
+  step).
 - A loop without `zero_grad()` adds every batch's gradient to all the earlier ones: the
   updates grow step after step, and what shows, dozens of steps later, is a layer dying
   or jumping, which would be blamed. The probe tells whether a step's gradients still held the
@@ -14,6 +16,7 @@
 - A loop that calls `optimizer.step()` twice after one backward applies the same gradients
   twice: the steps are twice as large as the learning rate says, and the watch counts
   two steps per batch (`grad_carried` is `trace.REAPPLIED` at the second); a warning.
+  Both are judged for every optimizer: the others' (a GAN's second) are `others_carried`.
 - A loop that clears the gradients between the backward and the optimizer's step
   (`zero_grad()` after `backward()`), or whose loss does not depend on the model, trains
   nothing: every gradient is missing at the step, and detectors of gradients see no
@@ -29,9 +32,11 @@ from .scan import ERROR, WARNING, Finding, grade
 from .thresholds import Thresholds
 
 
-def _eval_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+def _eval_message(name: str, step: int, v: float, previous: float, severity: str,
+                  steps: int) -> str:
     layers = f"{v:.0f} dropout/BatchNorm layer{'s' * (v != 1)}"
-    return (f"the model trained in eval mode from step {step}: {layers} ran as at "
+    held = f", for {steps} steps in a row and on" if severity == "error" else ""
+    return (f"the model trained in eval mode from step {step}{held}: {layers} ran as at "
             f"inference (dropout off, BatchNorm on running statistics it no longer "
             f"updates). Call model.train() before training; if it is deliberate (keeping "
             f"BatchNorm's statistics while fine-tuning), ignore this")
@@ -61,16 +66,41 @@ def _codes(values: np.ndarray, code: int) -> np.ndarray:
     return grade(~np.isnan(values), (values > 0, code))
 
 
+def history(th: Thresholds) -> int:
+    """Steps before a chunk that `findings` reads: the `window`, or the `eval_steps` that a
+    long stretch in eval mode is counted over."""
+    return max(th.window, th.eval_steps) + 2
+
+
+def _held_in_eval(n: np.ndarray, steps: int) -> np.ndarray:
+    """Rows at which the model was in eval mode, and in training mode at none of the
+    `steps` - 1 rows before (a row without a backward, NaN, does not break the stretch)."""
+    on = n[:, 0] > 0
+    off = (n[:, 0] == 0).astype(np.int64)
+    counts = np.concatenate([[0], np.cumsum(off)])
+    rows = np.arange(len(on))
+    start = rows - steps + 1
+    ok = start >= 0
+    clean = counts[rows + 1] - counts[np.maximum(start, 0)] == 0
+    return (on & ok & clean)[:, None]
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     n = trace.scalar("eval_layers", lo, stop)[:, None]
-    carried = trace.scalar("grad_carried", lo, stop)[:, None]
+    long_held = _held_in_eval(n, th.eval_steps)
+    # every optimizer is judged: the one that closes the steps, and the others (a GAN's
+    # second, `others_carried`), the worst of them
+    carried = np.fmax(trace.scalar("grad_carried", lo, stop),
+                      trace.scalar("others_carried", lo, stop))[:, None]
     repeated = (carried == REAPPLIED).astype(np.float64)
     repeated[np.isnan(carried)] = np.nan
     carried = np.where(carried == REAPPLIED, 0.0, carried)
     missing = trace.scalar("grads_missing", lo, stop)[:, None]
     return [
-        Finding("eval_mode", "mode", _codes(n, WARNING), n, per_layer=False,
-                message=_eval_message,
+        Finding("eval_mode", "mode", grade(~np.isnan(n), (n > 0, WARNING), (long_held, ERROR)),
+                n, per_layer=False,
+                message=lambda name, s, v, p, sev: _eval_message(name, s, v, p, sev,
+                                                                 th.eval_steps),
                 recovery=lambda name, s, v, p, sev: f"the model is back in training mode "
                                                     f"at step {s}"),
         # two steps in a row: a loop that zeroes its gradients every other step (one

@@ -2,15 +2,17 @@
 
 At the step where things first went wrong, blame in this order (docs/diagnosis.md, "how
 it finds the cause"): the data, and gradients the loop never zeroed or cleared before the
-step (what the step computes from); then the first layer in forward order whose
-activations went non-finite, jumped, or died; then the loss; then the optimizer's update; and only then the gradients (exploding: the
+step, or that no optimizer holds or no loss reaches (what the step computes from); then
+the first layer in forward order whose activations went non-finite, jumped, or died; then
+the loss; then the optimizer's update; and only then the gradients (exploding: the
 layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
 deepest layer, where backward starts). The loss comes before the update because a step
 computes it first: a loss that is infinite at a step makes that step's update
 non-finite, and an update's effect on the loss shows only at the next step. A non-finite
 update of a layer whose gradient was non-finite at that step only carried the gradient
-into the weights: it counts as the gradient (`_ranker`). Weights that lost most of their
+into the weights: it counts as the gradient (`_ranker`), and so does an update that
+explodes with its layer's gradient at the same step, at a learning rate that did not move. Weights that lost most of their
 size in one update (signal "collapse": zeroed or reset in place, which no optimizer's
 update does) changed before the step's forward: they count as that layer's own change,
 in forward order with the activations.
@@ -33,7 +35,8 @@ _ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
 
 
 def _rank(e: Event) -> int:
-    if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated"):
+    if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated",
+                  "not_in_optimizer", "cut_off"):
         return 0
     if (e.kind in _ACTIVATION and e.signal == "activation") or e.signal == "collapse":
         return 1
@@ -44,7 +47,8 @@ def _rank(e: Event) -> int:
     return 4
 
 
-def _ranker(at: list[Event]) -> Callable[[Event], int]:
+def _ranker(at: list[Event], events: list[Event] | None = None,
+            lookback: int = 0) -> Callable[[Event], int]:
     """`_rank`, except that a non-finite update of a layer whose gradient was non-finite
     at the same step ranks with the gradients: the update only carried the gradient into
     the weights. A sqrt whose backward meets 0 makes NaN gradients, and the update
@@ -52,9 +56,18 @@ def _ranker(at: list[Event]) -> Callable[[Event], int]:
     "weights became non-finite during step 153 (learning rate 0.001)", as if the learning
     rate were to blame."""
     carried = {e.layer for e in at if e.kind == "nonfinite_gradient"}
+    # an update that explodes with the same step's exploding gradient, at a learning rate
+    # that did not move (no `lr_change` within `lookback` steps), only applied that
+    # gradient: the gradient is the failure
+    step = at[0].step if at else -1
+    moved = any(e.kind == "lr_change" and step - lookback <= e.step <= step
+                for e in events or [])
+    exploded = set() if moved else {e.layer for e in at if e.kind == "exploding_gradient"}
 
     def rank(e: Event) -> int:
         if e.kind == "exploding_update" and e.layer in carried and not math.isfinite(e.value):
+            return 4
+        if e.kind == "exploding_update" and e.signal == "update" and e.layer in exploded:
             return 4
         return _rank(e)
     return rank
@@ -97,7 +110,7 @@ def first_failure(events: list[Event], th: Thresholds) -> Event | None:
                       and e.signal != "gradient"))]
     root_step = min(e.step for e in chain)
     at = [e for e in chain if e.step == root_step]
-    rank = _ranker(at)
+    rank = _ranker(at, events, th.lookback)
     best = min(rank(e) for e in at)
     tied = [e for e in at if rank(e) == best]
     if best < 4:

@@ -57,7 +57,7 @@ class Thresholds:
     unmoved: float = 0.9
     """Fraction of a half-precision layer's weights that an update leaves exactly as they
     were (its updates round away: the layer stops learning); it ends below 0.8 of this."""
-    max_update: float = 1.0
+    max_update: float = field(default=1.0, metadata=_span(0.01, 100.0, log=True))
     """Relative change of a layer's weight norm in one optimizer step that counts as an
     exploding update (1.0: the norm doubled, or fell to zero)."""
     loss_rise: float = 10.0
@@ -69,6 +69,14 @@ class Thresholds:
     """Steps a slow condition (vanishing, dead units, saturation) must hold before it is
     reported, and steps of health before a recovery is reported. Non-finite values and
     jumps are reported at once."""
+    eval_steps: int = 50
+    """Steps in a row a model trained in eval mode (dropout off, BatchNorm on running
+    statistics) must keep at it before the warning becomes an error, dated from its first
+    step: an evaluation that forgot `model.train()` is one, a short stretch is not."""
+    cut_steps: int = 8
+    """Steps in a row that a layer which runs, is trainable and is held by an optimizer must
+    get no gradient at all before it is cut off from the loss (an error, dated from the
+    first): a head trained in turn gets one within its turn."""
     lookback: int = 10
     """Steps before the first error that the root-cause search looks back for an earlier
     jump or data anomaly that started the chain; a learning-rate move within them is named
@@ -87,7 +95,7 @@ class Thresholds:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"Thresholds.{name} is a fraction in (0, 1], got "
                                  f"{getattr(self, name)!r}")
-        for name in ("window", "warmup", "patience", "trend"):
+        for name in ("window", "warmup", "patience", "trend", "cut_steps", "eval_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name} must be >= 1, got {getattr(self, name)!r}")
 

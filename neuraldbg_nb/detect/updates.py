@@ -267,10 +267,58 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
                        "they are meant to stay as they are, requires_grad_(False) saves "
                        "computing their gradients)")
 
+    rounded = _rounded(unmoved, judged & pushed, lr, lo, th)
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
                     step_offset=-1),
-            _rounded(unmoved, judged & pushed, lagged(trace.scalar("lr", lo, stop), 1), lo, th)]
+            rounded, _whole_model(codes, rounded.codes, judged & np.isfinite(grad),
+                                  np.isfinite(grad).sum(axis=1), lr, lo)]
+
+
+def _whole_model(stalled: np.ndarray, rounded: np.ndarray, trained: np.ndarray,
+                 with_grad: np.ndarray, lr: np.ndarray, lo: int) -> Finding:
+    """The whole model stopped learning: at a sampled update, every layer judged that had
+    a gradient was left as it was (`stalled`: exactly; `rounded`: its half-precision
+    updates round away), at least two of them or the only layer with a gradient
+    (`with_grad`: layers not judged, such as another optimizer's, count there), for a
+    reason that holds for the whole model: its half-precision updates round away, or the
+    learning rate is below `TOO_SMALL`. (At an ordinary learning rate the layers are out of
+    the optimizer, `not_in_optimizer`, or the optimizer trains the model's input.) An error,
+    where
+    one layer in many is a warning of its own: nothing the model does changes any more
+    (a learning rate brought to about 0, a model cast whole to bfloat16 at a small
+    learning rate). A row where some such layer was not judged holds the last verdict."""
+    verdict = np.maximum(stalled, rounded)  # WARNING where either says stalled
+    seen = verdict >= 0
+    complete = (seen | ~trained).all(axis=1) & seen.any(axis=1)
+    n = seen.sum(axis=1).astype(np.float64)
+    all_still = ((verdict == WARNING) | ~seen).all(axis=1) & ((n >= 2) | (with_grad == 1))
+    half: np.ndarray = np.asarray((rounded >= 0).any(axis=1))
+    with np.errstate(invalid="ignore"):
+        whole = half | (lr < TOO_SMALL)  # a reason that holds for every layer
+    codes = np.where(complete, np.where(all_still & whole, ERROR, OK), HOLD).astype(np.int8)
+    codes = codes[:, None]
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        row = s + 1 - lo
+        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        layers = f"{v:.0f} layer{'s' * (v != 1)}"
+        if 0 <= row < len(half) and half[row]:
+            why = (f"their half-precision updates round away at a learning rate of "
+                   f"{fmt(rate)} (updates below about 1/256 of a weight in bfloat16). Keep "
+                   f"the weights in float32 and run the forward under torch.autocast, or "
+                   f"raise the learning rate")
+        else:
+            why = (f"the learning rate is {fmt(rate)}{_since(lr, row, lo)}: a scheduler "
+                   f"stepped per batch instead of per epoch, or a decay far too strong. "
+                   f"Step the scheduler once per epoch, or raise the learning rate")
+        return (f"the whole model stopped learning from step {s}: the updates leave the "
+                f"weights of all {layers} with gradients exactly as they were; {why}")
+
+    return Finding("weights_not_updated", "model", codes, n[:, None], message=message,
+                   per_layer=False, step_offset=-1,
+                   recovery=lambda n, s, v, p, sev: f"updates move the model's weights "
+                                                    f"again at step {s}")
 
 
 TOO_SMALL = 1e-8
@@ -351,4 +399,33 @@ def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Findin
     return [Finding("lr_change", "lr", codes[:, None], lr[:, None], previous=prev[:, None],
                     per_layer=False,
                     message=lambda n, s, v, p, sev: f"learning rate changed {fmt(p)} -> "
-                                                    f"{fmt(v)} at step {s}")]
+                                                    f"{fmt(v)} at step {s}"),
+            _stepped_per_batch(lr, prev, lo, th)]
+
+
+def _stepped_per_batch(lr: np.ndarray, prev: np.ndarray, lo: int, th: Thresholds) -> Finding:
+    """A step schedule stepped every batch instead of every epoch: the learning rate fell
+    `jump` times in one step (within `LR_SLACK`) at two steps or more of the last `window`,
+    to a rate above 0. A StepLR(step_size=5, gamma=0.1) stepped per batch divides it 10x
+    every 5 steps; a schedule stepped per epoch falls so once an epoch, and a smooth one
+    (cosine, one-cycle, exponential) never in one step. A warning from the second fall,
+    held while the last `window` steps hold two;
+    the whole model stopped learning, once the rate has reached about 0, is the error
+    (`_whole_model`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fell = (lr > 0) & (np.log10(prev / lr) >= np.log10(th.jump) - LR_SLACK)
+    counts = np.concatenate([[0], np.cumsum(fell)])
+    rows = np.arange(len(lr))
+    recent = counts[rows + 1] - counts[np.maximum(rows + 1 - th.window, 0)]
+    codes = np.where(np.isnan(lr), HOLD, np.where(recent >= 2, WARNING, OK))
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        row = s - lo
+        falls = [r for r in range(max(row - th.window + 1, 0), row + 1) if fell[r]]
+        path = ", ".join(f"{fmt(prev[r])} -> {fmt(lr[r])} at step {r + lo}" for r in falls)
+        return (f"the learning rate fell {th.jump:g}x {len(falls)} times within {th.window} "
+                f"steps ({path}): a step schedule (StepLR, MultiStepLR) stepped every batch "
+                f"instead of every epoch? Call scheduler.step() once per epoch")
+
+    return Finding("lr_change", "per_batch", codes.astype(np.int8)[:, None], lr[:, None],
+                   previous=prev[:, None], per_layer=False, message=message)

@@ -7,9 +7,10 @@ failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
 crossed its line (against the last two sampled steps), the input turned non-finite or
 all zero, the gradients were carried over (no zero_grad) or missing at the optimizer's
-step a second step in a row, or a number moved by `sqrt(jump)` or more (gradients:
-`sqrt(jump_error)`; the loss: a rise of `sqrt(loss_rise)`). It only decides *when*
-detection runs, never *what* it finds; a slow drift is found at the next batch.
+step a second step in a row, a layer's gradients reached no optimizer, or a number moved
+by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the loss: a rise of
+`sqrt(loss_rise)`). It only decides *when* detection runs, never *what* it finds; a slow
+drift is found at the next batch.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from ..trace.columns import Trace
 from .gradients import SLOW_MARGIN, explode_line
+from .membership import UNTRAINED_MODEL
 from .thresholds import Thresholds
 
 
@@ -44,6 +46,10 @@ def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
     loops: as whole-row numpy ops, each call paying its cold start, it costs more than
     twice as much a step."""
     t = trace.n_steps - 1
+    if t < 0:
+        return NONE
+    if _unheld_anew(trace, t):
+        return SUDDEN
     if t < 1:
         return NONE
     act_b, act = trace.col("act_absmax", t - 1, t + 1).tolist()
@@ -153,6 +159,17 @@ def _anew(trace: Trace, column: str, t: int) -> bool:
     completed."""
     c = trace.scalar(column, max(t - 2, 0), t + 1).tolist()
     return len(c) == 3 and c[1] > 0 and c[2] > 0 and not c[0] > 0
+
+
+def _unheld_anew(trace: Trace, t: int) -> bool:
+    """A layer whose weights got gradients that no optimizer holds at step t, and not at
+    t-1 (`membership`: an error at its first step)."""
+    rows = trace.col("grad_unheld", max(t - 1, trace.full_from), t + 1)
+    now = rows[-1]
+    bad = (now > 0) & (now != UNTRAINED_MODEL)
+    if not bad.any():
+        return False
+    return len(rows) == 1 or bool((bad & ~(rows[0] == now)).any())
 
 
 _SCALARS = ("loss", "in_absmax", "in_nonfinite")

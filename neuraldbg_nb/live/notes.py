@@ -81,3 +81,11 @@ def unseen(trace: Trace, activations: bool) -> str | None:
             f"never ran through PyTorch's hooks, so their activations are not watched; "
             f"their gradients and weights are. Layers called as layer.forward(x) skip the "
             f"hooks: call them as layer(x).")
+
+
+def replay_refused(why: str) -> str:
+    """A step whose forward could not be replayed (`record.replay`): its layers' numbers
+    come from the next sampled step instead."""
+    return (f"a step that went wrong could not be replayed to read its layers' outputs "
+            f"({why}); its first failure is looked for from the next sampled step on, "
+            f"which may name a later step than the one where it began.")

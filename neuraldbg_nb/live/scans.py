@@ -43,6 +43,28 @@ class ScanSchedule:
         self._step_time = 0.0  # an average of the step's wall time; 0 until measured
         self._last_step: float | None = None
         self._last_scan = time.perf_counter()
+        self._act: list[float] | None = None  # the last measured activations' abs-max
+
+    def _act_moved(self, trace: Trace, th: Thresholds) -> bool:
+        """Where the layers' outputs are not measured every step (their hooks are on for
+        some steps only), `wake` compares a measured step with an unmeasured one: here
+        the newest measured activations are compared with the last measured ones, by
+        `wake_jump` either way, or turned non-finite."""
+        t = trace.n_steps - 1
+        now = trace.col("act_absmax", t, t + 1)[0].tolist()
+        if all(math.isnan(x) for x in now):  # not measured at this step
+            return False
+        before, self._act = self._act, now
+        if before is None or t < 1 or any(not math.isnan(x) for x in trace.col(
+                "act_absmax", t - 1, t)[0].tolist()):
+            return False  # measured the step before too: `wake` compares them
+        jump = th.wake_jump
+        for b, x in zip(before, now):
+            if x == math.inf and b < math.inf:
+                return True
+            if b > 0 and x > 0 and (x / b >= jump or b / x >= jump):
+                return True
+        return False
 
     def due(self, trace: Trace, detection: Detection, viewed: bool = False) -> bool:
         """Called after each recorded step: whether to scan now. `viewed`: a view follows
@@ -52,6 +74,8 @@ class ScanSchedule:
         step = trace.n_steps - 1
         th = self.thresholds
         woke = wake(trace, th)
+        if self._act_moved(trace, th) and "sudden" not in woke:
+            woke = frozenset({"sudden", *woke})
         self.woken = self._sampled_wake(trace, th)
         if self.woken or "slow" in woke:
             self._confirm[step + th.patience] = None

@@ -8,9 +8,12 @@ fraction of what the loop costs without it; `run.overhead` gives it and `print(r
 with it.
 
 It is an estimate from inside, not the benchmark: PyTorch's own cost of calling a hook
-(a few microseconds per hooked layer call) is not in it, and the engine's reads bring
-data into the caches that the training reads next (the gradients, before the optimizer
-does), which makes them look dearer than they are. `benchmarks/overhead.py` times whole
+(a few microseconds per hooked layer call), which no hook can time, is measured once per
+process and charged per layer call recorded (`record.timing.dispatch_s`), and the
+engine's reads bring data into the caches that the training reads next (the gradients,
+before the optimizer does), which makes them look dearer than they are. Nothing is given
+during the warm-up: before `STEADY` steps are recorded, nor, before `SETTLED`, while the
+estimate still moves. `benchmarks/overhead.py` times whole
 steps, watched against plain. On an accelerator it is the host's time: the step's one
 transfer waits for the device work queued before it, mostly the training's own, and that
 wait is left out, as are the engine's kernels, which run asynchronously among the
@@ -37,6 +40,13 @@ WARMUP = 8
 Later reference steps (16, 32, 64, ...: each copies every layer's tensors, ever more
 rarely) are left out too: over a run of thousands of steps they weigh nothing, but in
 the first hundred they would make a budget look unholdable that is held."""
+STEADY = 12
+"""Steps recorded (after `WARMUP`) before any figure is given: the first steps' costs
+(allocations, caches, the first captures) say nothing of what a step costs later, and a
+figure from them would alarm for nothing."""
+SETTLED = 24
+"""Steps recorded after which the figure is given even where it has not settled
+(`_settled`): a loop whose cost keeps moving is told what it costs all the same."""
 CHECK_EVERY = 32
 """Steps recorded between two looks at the budget (and before the first)."""
 
@@ -63,8 +73,15 @@ class SelfCost:
         self.recorded += 1
 
     def summary(self) -> Overhead | None:
-        """The recent steps' cost; None before there is one to give."""
+        """The recent steps' cost; None before there is one to give: fewer than `STEADY`
+        steps recorded, or fewer than `SETTLED` whose two halves disagree (`_settled`)."""
         n = min(self.recorded, WINDOW)
+        if n < STEADY or (self.recorded < SETTLED and not self._settled(n)):
+            return None
+        return self._summary(n)
+
+    def _summary(self, n: int) -> Overhead | None:
+        """The `n` recent steps' cost, however few (the budget's checks read it)."""
         if n == 0:
             return None
         wall, own, hooks, sampled = self._rows[:n].T
@@ -76,11 +93,25 @@ class SelfCost:
                         hooks_ms=float(hooks.mean()) * 1e3,
                         sampled_ms=float(sampled.mean()) * 1e3, steps=n)
 
+    def _settled(self, n: int) -> bool:
+        """Do the older and the newer half of the `n` recent steps give about the same
+        share (within a factor of 1.5, or 2 points apart)?"""
+        rows = self._rows[:n]
+        shares = []
+        for half in (rows[: n // 2], rows[n // 2:]):
+            wall, own = half[:, 0], half[:, 1]
+            step = float(np.median(wall - own))
+            if step <= 0:
+                return False
+            shares.append(float(own.mean()) / step)
+        a, b = sorted(shares)
+        return b - a <= 0.02 or b <= 1.5 * a
+
     def floor(self) -> float:
         """`Overhead.floor` of the recent steps (0 until `CHECK_EVERY` steps are in)."""
         if self.recorded < CHECK_EVERY:
             return 0.0
-        o = self.summary()
+        o = self._summary(min(self.recorded, WINDOW))
         return o.floor if o is not None else 0.0
 
     def budget_note(self, activations: bool) -> str | None:
@@ -91,7 +122,7 @@ class SelfCost:
         if self.budget is None or self.note is not None or self.recorded < CHECK_EVERY \
                 or self.recorded % CHECK_EVERY:
             return None
-        o = self.summary()
+        o = self._summary(min(self.recorded, WINDOW))
         if o is None or o.floor <= self.budget:
             return None
         per_step = o.own_ms - o.sampled_ms

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any
@@ -41,6 +42,52 @@ from .selfcost import SelfCost
 _last: Run | None = None
 
 
+class Runs:
+    """Every watch's Run in this process, numbered in the order they started:
+    `ndbg.runs[i]` (what the panel's hints name, one per cell). Held weakly, so a run
+    nobody keeps (no panel, no name) frees its captures; a view that re-classifies a run
+    puts the new one under its number (`replace_last_run`)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, weakref.ref[Run]] = {}
+
+    def add(self, run: Run) -> int:
+        """`run`'s number, given it on first sight."""
+        found = self.number(run)
+        if found is not None:
+            return found
+        self._refs[len(self._refs)] = weakref.ref(run)
+        return len(self._refs) - 1
+
+    def number(self, run: Run) -> int | None:
+        """`run`'s number, None if it is not here."""
+        return next((i for i, ref in self._refs.items() if ref() is run), None)
+
+    def replace(self, shown: Run, new: Run) -> None:
+        i = self.number(shown)
+        if i is not None:
+            self._refs[i] = weakref.ref(new)
+
+    def __getitem__(self, i: int) -> Run:
+        ref = self._refs.get(i if i >= 0 else len(self._refs) + i)
+        run = ref() if ref is not None else None
+        if run is None:
+            raise LookupError(f"no run {i} in memory: runs are numbered 0..{len(self) - 1} "
+                              "in the order their watch started, and one that nothing "
+                              "holds any more is freed")
+        return run
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __repr__(self) -> str:
+        alive = [i for i, ref in self._refs.items() if ref() is not None]
+        return f"<neuraldbg runs {alive} of {len(self)} (ndbg.runs[i])>"
+
+
+runs = Runs()
+
+
 def last_run() -> Run | None:
     """The Run of the most recent watch (or `%%neuraldbg` cell) in this process, or what a
     view made of it (`replace_last_run`)."""
@@ -54,6 +101,7 @@ def replace_last_run(shown: Run, new: Run) -> None:
     global _last
     if _last is shown:
         _last = new
+    runs.replace(shown, new)
 
 
 def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
@@ -106,6 +154,8 @@ class Watch:
                             hold_refs=capture_mb > 0 and activations,
                             activations=activations, overhead=overhead,
                             hold_jump=th.wake_jump, cost=self._cost,
+                            layer_hooks=os.environ.get("NEURALDBG_LAYER_HOOKS", "every"),
+                            hook_every=th.window // max(th.warmup, 1),
                             on_step=self._on_step, on_error=self._on_error)
         self._active = False
         self._schedule = ScanSchedule(th)
@@ -121,6 +171,7 @@ class Watch:
         self.run.rank = _rank()  # asked again at exit: the group may be made in the block
         self._probe.attach()
         _last = self.run
+        runs.add(self.run)
         return self.run
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -148,6 +199,11 @@ class Watch:
         if probe.eval_seen and self._activations and not probe.activations_seen \
                 and notes.EVAL_ONLY not in run.notes:
             run.notes.append(notes.EVAL_ONLY)
+        refused = probe.replay_refused
+        if refused is not None:
+            note = notes.replay_refused(refused)
+            if note not in run.notes:
+                run.notes.append(note)
         if not probe.failed:
             seen = notes.unseen(run.trace, self._activations and not probe.compiled_seen
                                 and not probe.transformed_seen)

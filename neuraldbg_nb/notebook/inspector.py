@@ -8,6 +8,8 @@ and is left out, with a line saying why, when they were not recorded.
 from __future__ import annotations
 
 import html
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -15,73 +17,128 @@ import numpy as np
 from ..detect.gradients import explode_line
 from ..report.captures import Capture
 from ..report.run import Run
+from .panel_state import handle
 
 SERIES_POINTS = 1500
 BINS = 40
+LOG_COLUMNS = ("grad_norm", "act_absmax", "act_std")
+"""Columns charted on a log axis (they span decades); their zeros are drawn on the axis's
+floor and named, since a log axis has no zero."""
 
 
-def _series(run: Run, column: str, layer: int) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, values) of one layer's column, finite values only, bucketed to the max so
-    a long run stays a small chart."""
+def _series(run: Run, column: str, layer: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """One layer's column, split by how a chart draws it: "value" (finite, and nonzero on a
+    log axis), "zero" (exactly 0, on a log axis) and "nonfinite" (inf: the trace records a
+    non-finite tensor's statistic so), each as (steps, values); NaN, a step not measured,
+    is left out. Each part is bucketed to its max, so a long run stays a small chart."""
     steps, values = run.trace.history(column)
     v = values[:, layer].astype(np.float64)
-    keep = np.isfinite(v) & (v > 0) if column in ("grad_norm", "act_absmax") else np.isfinite(v)
-    steps, v = steps[keep], v[keep]
-    if len(v) > SERIES_POINTS:
-        edges = np.linspace(0, len(v), SERIES_POINTS + 1).astype(int)[:-1]
-        top = np.maximum.reduceat(v, edges)
-        steps, v = steps[edges], top
-    return steps, v
+    measured = ~np.isnan(v)
+    nonfinite = np.isinf(v)
+    zero = (v == 0) if column in LOG_COLUMNS else np.zeros(len(v), bool)
+    value = measured & ~nonfinite & ~zero
+    out = {}
+    for name, keep in (("value", value), ("zero", zero), ("nonfinite", nonfinite)):
+        s, x = steps[keep], v[keep]
+        if len(x) > SERIES_POINTS:
+            edges = np.linspace(0, len(x), SERIES_POINTS + 1).astype(int)[:-1]
+            s, x = s[edges], np.maximum.reduceat(x, edges)
+        out[name] = (s, x)
+    return out
+
+
+_warm = threading.Lock()
+_warmed = False
 
 
 def warm_up() -> None:
-    """Load altair and the renderer (seconds, the first time in a process)."""
-    import altair as alt
-    import pandas as pd
+    """Load altair and the renderer (seconds, the first time in a process; at once after,
+    and a second caller waits for the first)."""
+    global _warmed
+    with _warm:
+        if _warmed:
+            return
+        import altair as alt
+        import pandas as pd
 
-    _svg(alt.Chart(pd.DataFrame({"x": [0, 1]})).mark_line().encode(x="x:Q"))
+        _svg(alt.Chart(pd.DataFrame({"x": [0, 1]})).mark_line().encode(x="x:Q"))
+        _warmed = True
 
 
 def _svg(chart: Any) -> str:
+    """The chart as inline SVG on a transparent background: its text and grid take the
+    panel's theme colours from CSS (`js/panel.css`, `.ndbg-insp-charts`)."""
     import vl_convert as vlc
 
-    return vlc.vegalite_to_svg(chart.to_dict())
+    return vlc.vegalite_to_svg(chart.configure(background="transparent").to_dict())
 
 
 def _line_chart(run: Run, column: str, title: str, layer: int, step: int,
                 rules: dict[str, float]) -> str | None:
-    """One column of one layer over the run, the selected step marked in red; threshold
-    lines are drawn only where they fall near the data (a line decades away would squash
-    the curve flat)."""
+    """One column of one layer over the whole run (the x-axis spans every step), the
+    selected step marked in red. Values a log axis cannot place are drawn, not dropped:
+    exact zeros as hollow marks on the floor, non-finite values as red ticks along the
+    top, each counted in the subtitle. Threshold lines are drawn only where they fall near
+    the data (a line decades away would squash the curve flat)."""
     import altair as alt
     import pandas as pd
 
-    steps, values = _series(run, column, layer)
-    if len(values) == 0:
+    parts = _series(run, column, layer)
+    steps, values = parts["value"]
+    zero_steps, _ = parts["zero"]
+    bad_steps, _ = parts["nonfinite"]
+    if len(values) + len(zero_steps) + len(bad_steps) == 0:
         return None
-    data = pd.DataFrame({"step": steps, "value": values})
-    log = column in ("grad_norm", "act_absmax", "act_std")
+    log = column in LOG_COLUMNS and len(values) > 0
     if log:
-        values = values[values > 0]
-        if len(values) == 0:
-            return None
         lo, hi = float(values.min()) / 10, float(values.max()) * 10
         scale = alt.Scale(type="log", domain=[lo, hi])
-    else:
-        lo, hi, scale = -np.inf, np.inf, alt.Scale(zero=False)
+        floor, top = lo, hi
+    elif len(values):
+        lo, hi = float(values.min()), float(values.max())
+        pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
+        lo, hi = lo - pad, hi + pad
+        scale = alt.Scale(domain=[lo, hi])
+        floor, top = lo, hi
+    else:  # only zeros and non-finite values: a plain axis from 0
+        lo, hi = 0.0, 1.0
+        scale = alt.Scale(domain=[lo, hi])
+        floor, top = 0.0, 1.0
+    last = max(run.trace.n_steps - 1, 1)
+    x_scale = alt.Scale(domain=[0, last], nice=False)
     y = alt.Y("value:Q", scale=scale, title=title)
-    layers = [alt.Chart(data).mark_line(color="#4c78a8", clip=True).encode(
-        x=alt.X("step:Q", title="step"), y=y)]
+    x = alt.X("step:Q", title="step", scale=x_scale)
+    layers: list[Any] = []
+    if len(values):
+        data = pd.DataFrame({"step": steps, "value": values})
+        layers.append(alt.Chart(data).mark_line(color="#4c78a8", clip=True, point=len(values) < 3)
+                      .encode(x=x, y=y))
+    if len(zero_steps):
+        zeros = pd.DataFrame({"step": zero_steps, "value": np.full(len(zero_steps), floor)})
+        layers.append(alt.Chart(zeros).mark_point(shape="circle", filled=False, color="#4c78a8",
+                                                  size=18, clip=True).encode(x=x, y=y))
+    if len(bad_steps):
+        bad = pd.DataFrame({"step": bad_steps, "value": np.full(len(bad_steps), top)})
+        layers.append(alt.Chart(bad).mark_tick(color="#d62728", thickness=2, size=10,
+                                               clip=True).encode(x=x, y=y))
     near = [{"threshold": k, "value": v} for k, v in rules.items() if lo <= v <= hi]
     if near:
         layers.append(alt.Chart(pd.DataFrame(near)).mark_rule(strokeDash=[4, 3], color="#888")
                       .encode(y=alt.Y("value:Q", scale=scale, title=title)))
     layers.append(alt.Chart(pd.DataFrame({"step": [step]})).mark_rule(color="#d62728")
-                  .encode(x="step:Q"))
+                  .encode(x=alt.X("step:Q", scale=x_scale)))
     far = [f"{k} {v:g}" for k, v in rules.items() if not lo <= v <= hi]
-    subtitle = f"threshold off the chart: {', '.join(far)}" if far else ""
+    notes = []
+    if len(zero_steps):
+        where = "on the floor" if log else "at 0"
+        notes.append(f"exactly 0 at {len(zero_steps)} step(s) (o {where})")
+    if len(bad_steps):
+        notes.append(f"non-finite at {len(bad_steps)} step(s) (red ticks at the top)")
+    if far:
+        notes.append(f"threshold off the chart: {', '.join(far)}")
     chart = alt.layer(*layers).properties(
-        width=300, height=140, title=alt.TitleParams(f"{title} of this layer", subtitle=subtitle))
+        width=300, height=140, title=alt.TitleParams(f"{title} of this layer",
+                                                     subtitle=notes or ""))
     return _svg(chart.configure_axis(gridOpacity=0.35))
 
 
@@ -138,10 +195,56 @@ def numbers(run: Run, layer: int, step: int) -> dict[str, tuple[float, int]]:
     return out
 
 
+_cache: weakref.WeakKeyDictionary[Run, dict[tuple[str | None, int],
+                                             tuple[str, Capture | None]]] = (
+    weakref.WeakKeyDictionary())
+_lock = threading.Lock()
+
+
 def inspector_html(run: Run, layer: str | None, step: int) -> str:
-    """The inspector's HTML for `layer` at `step` (layer None: the input batch)."""
-    names = run.trace.layer_names
+    """The inspector's HTML for `layer` at `step` (layer None: the input batch), and the
+    capture it shows becomes `run.selected`. Kept per run once made (`prepare` makes the
+    likely first clicks when training ends), so a click is answered at once; a run is
+    recorded whole by then and its thresholds are its own, so the HTML cannot go stale."""
+    text, cap = _made(run, layer, step)
+    if cap is not None:
+        with _lock:  # not between a prepared lookup's select and its undo (`_capture`)
+            run.selected = cap
+    return text
+
+
+def prepare(run: Run, limit: int = 4) -> None:
+    """Make the inspector's HTML for the first failure and the first errors of other
+    layers (what a user clicks first), selecting nothing: run in the background when
+    training ends, while the user may click."""
+    picks: list[tuple[str | None, int]] = []
+    for e in [run.first_failure, *run.events]:
+        if e is not None and e.severity == "error" and (e.layer, e.step) not in picks:
+            picks.append((e.layer, e.step))
+        if len(picks) >= limit:
+            break
+    for layer, step in picks:
+        _made(run, layer, step)
+
+
+def _made(run: Run, layer: str | None, step: int) -> tuple[str, Capture | None]:
+    """(HTML, the capture it shows), from the run's cache or made (and kept, once the run
+    has ended); `run.selected` is left alone."""
     step = int(np.clip(step, 0, max(run.trace.n_steps - 1, 0)))
+    if run.status == "training":  # still growing: made afresh each time
+        return _build(run, layer, step)
+    key = (layer, step)
+    with _lock:
+        found = _cache.get(run, {}).get(key)
+    if found is None:
+        found = _build(run, layer, step)
+        with _lock:
+            _cache.setdefault(run, {})[key] = found
+    return found
+
+
+def _build(run: Run, layer: str | None, step: int) -> tuple[str, Capture | None]:
+    names = run.trace.layer_names
     esc = html.escape
     label = layer or "the input batch"
     if layer in names:
@@ -153,7 +256,7 @@ def inspector_html(run: Run, layer: str | None, step: int) -> str:
     for e in events:
         parts.append(f"<p class='ndbg-insp-event ndbg-{e.severity}'>{esc(e.message)}</p>")
     try:
-        cap = run.inspect(layer, step) if layer is not None else _batch(run, step)
+        cap = _capture(run, layer, step)
     except (LookupError, KeyError) as err:
         cap = None
         parts.append(f"<p>{esc(str(err))}</p>")
@@ -163,7 +266,7 @@ def inspector_html(run: Run, layer: str | None, step: int) -> str:
         listing = ", ".join(f"{esc(k)} {tuple(v.shape)}" for k, v in cap.tensors.items())
         parts.append(
             "<p>In the kernel: <code>import neuraldbg_nb as ndbg; "
-            "ndbg.last_run().selected.tensors[\"output\"]</code> "
+            f"{handle(run)}.selected.tensors[\"output\"]</code> "
             f"(captured: {listing}"
             + (f"; sampled: {esc(', '.join(sorted(cap.sampled)))}" if cap.sampled else "")
             + ")</p>")
@@ -176,14 +279,20 @@ def inspector_html(run: Run, layer: str | None, step: int) -> str:
         parts.append(f"<table class='ndbg-insp-numbers'>{rows}</table>")
         parts.append(_charts(run, j, step, cap))
     parts.append("</div>")
-    return "".join(parts)
+    return "".join(parts), cap
 
 
-def _batch(run: Run, step: int) -> Capture | None:
-    found = run.captures.find(step, None)
-    if found is not None:
-        run.selected = found
-    return found
+def _capture(run: Run, layer: str | None, step: int) -> Capture | None:
+    """`run.inspect(layer, step)` (the batch's capture for layer None) without selecting
+    it: the selection is the user's click (`inspector_html`), never a prepared one."""
+    if layer is None:
+        return run.captures.find(step, None)
+    with _lock:
+        before = run.selected
+        try:
+            return run.inspect(layer, step)
+        finally:
+            run.selected = before
 
 
 def _charts(run: Run, layer: int, step: int, cap: Capture | None) -> str:

@@ -1,7 +1,8 @@
 """`%%neuraldbg`: watch the training in a cell, with no change to the cell's code.
 
 The cell runs in the user's namespace under `watch()`; the panel is shown above its output
-and updates live. If the cell raises, the user gets their exception (after the panel has
+and updates live. When the cell ends, the diagnosis follows as text for readers without
+the kernel (`static`). If the cell raises, the user gets their exception (after the panel has
 shown what happened up to it); `--stop-on error` stops at the first failure quietly, so
 the next cells can inspect it.
 """
@@ -9,6 +10,7 @@ the next cells can inspect it.
 from __future__ import annotations
 
 import difflib
+import linecache
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +23,7 @@ from IPython.display import display
 from ..live.options import Argument, threshold_arguments, watch_arguments, watch_keywords
 from ..live.watcher import watch
 from ..report.run import Run, TrainingFailure
+from .static import show_diagnosis
 
 
 def _arguments(arguments: list[Argument]) -> Callable[[Any], Any]:
@@ -46,6 +49,7 @@ class NeuralDbgMagics(Magics):
         """Watch the training in this cell: a live panel of each layer's health, the first
         failure named, click-to-inspect, threshold sliders. The Run is also
         `neuraldbg_nb.last_run()`."""
+        __tracebackhide__ = True  # IPython leaves this frame out of the cell's traceback
         args = _parse(self.neuraldbg, line)
         if args.help:
             print(self.neuraldbg.parser.format_help())
@@ -60,7 +64,7 @@ class NeuralDbgMagics(Magics):
         panel = None if args.no_panel else _panel(run)
         if panel is not None:
             display(panel)
-        code = compile(shell.transform_cell(cell), "<neuraldbg cell>", "exec")
+        code = _compile(shell.transform_cell(cell), shell.execution_count)
         try:
             with w:
                 exec(code, shell.user_ns)  # noqa: S102 - running the user's cell is the point
@@ -69,8 +73,21 @@ class NeuralDbgMagics(Magics):
         finally:
             if panel is None:
                 print(run, file=sys.stdout)  # the notes are in it
-            elif run.notes:
-                print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
+            else:
+                try:  # for readers without the kernel (`static`); never instead of the
+                    show_diagnosis(run)  # cell's own exception
+                except Exception as err:  # noqa: BLE001
+                    print(f"neuraldbg: no saved diagnosis ({err})", file=sys.stderr)
+                if run.notes:
+                    print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
+
+
+def _compile(source: str, number: int) -> Any:
+    """The cell's code, under a file name whose lines are in `linecache`, so that a
+    traceback from the cell shows the user's own source lines."""
+    name = f"<neuraldbg cell [{number}]>"
+    linecache.cache[name] = (len(source), None, source.splitlines(keepends=True), name)
+    return compile(source, name, "exec")
 
 
 def _parse(magic: Any, line: str) -> Any:
@@ -96,5 +113,17 @@ def _panel(run: Run) -> Any:
     return Panel(run)
 
 
+def _give_empty_cells_a_body(lines: list[str]) -> list[str]:
+    """IPython refuses a cell magic whose body is empty before the magic is called: a
+    `%%neuraldbg --help` cell (or one not written yet) gets an empty line for a body, so
+    the magic answers it (with its help, or by saying it watched nothing)."""
+    if lines and lines[0].startswith("%%neuraldbg") and not "".join(lines[1:]).strip():
+        return [lines[0] if lines[0].endswith("\n") else lines[0] + "\n", "\n"]
+    return lines
+
+
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(NeuralDbgMagics)
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    if cleanup is not None and _give_empty_cells_a_body not in cleanup:
+        cleanup.append(_give_empty_cells_a_body)

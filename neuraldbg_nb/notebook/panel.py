@@ -1,8 +1,10 @@
 """The live panel under a training cell (an anywidget).
 
-During the run it is fed by the run's step listener, throttled to `MAX_RATE` updates a
-second (a long run never trips Jupyter's message rate limit; each update is one message of
-bounded size). After the run it answers the browser: a click opens the inspector, a
+During the run it is fed by the run's step listener, throttled on the measured cost of
+its updates to `panel_budget.BUDGET` of the cell's wall time and at most `MAX_RATE` a
+second, yet refreshed at least every `panel_budget.MAX_GAP` seconds (`PanelBudget`; a long
+run never trips Jupyter's message rate limit; each update is one message of bounded
+size). After the run it answers the browser: a click opens the inspector, a
 slider re-classifies the recorded run with the engine's pure detection.
 """
 
@@ -24,9 +26,9 @@ except ImportError as err:  # pragma: no cover - exercised only where anywidget 
 from ..detect.events import Event
 from ..report.run import Run
 from . import panel_state
+from .panel_budget import MAX_RATE, PanelBudget
 
-MAX_RATE = 10.0
-"""Panel updates per second at most while training."""
+__all__ = ["MAX_RATE", "Panel", "PanelBudget"]
 HELP = "click an event or a cell of the map to inspect it; drag a slider to re-classify"
 LIVE_HELP = ("the map fills live; clicks and sliders are answered when the cell finishes "
              "(or stops at the failure)")
@@ -42,13 +44,17 @@ def _static(name: str) -> Any:
     return path
 
 
-def _warm_charts() -> None:
-    """Import and start the chart renderer in the background once training is over, so
-    the first click on an event does not wait seconds for it."""
+def _warm_charts(run: Run | None) -> None:
+    """In the background: import and start the chart renderer (seconds, once a process;
+    started with the panel, so it is ready when training ends), and with `run`, the run
+    being over, make the inspector of its first failure (`inspector.prepare`), so the
+    first click on an event does not wait for either."""
     def warm() -> None:
         try:
-            from .inspector import warm_up
+            from .inspector import prepare, warm_up
             warm_up()
+            if run is not None:
+                prepare(run)
         except Exception:  # noqa: BLE001 - a failed warm-up only means a slower first chart
             return
 
@@ -84,9 +90,11 @@ class Panel(anywidget.AnyWidget):
         super().__init__(**kwargs)
         self.run = run
         self.original = run
-        self._last_push = 0.0
+        self.budget = PanelBudget()
+        """The panel's updates while training and what they cost (`PanelBudget`)."""
         self._notes_pushed = 0  # notes the last push carried: a new one is pushed at once
         self._unsubscribe = run.subscribe(self._on_step)
+        _warm_charts(None)
         self.observe(self._on_thresholds, names="thresholds")
         self.observe(self._on_selected, names="selected")
         self.push(force=True)
@@ -95,17 +103,29 @@ class Panel(anywidget.AnyWidget):
     def _on_step(self, run: Run, new: list[Event]) -> None:
         if run.status != "training":
             self.push(force=True)
-            _warm_charts()
+            _warm_charts(run)
             run.prepare_reclassify()  # so that the first slider move is as fast as the next
             return
         self.push(force=len(run.notes) != self._notes_pushed)
 
     def push(self, force: bool = False) -> None:
-        """Send the run's state, at most `MAX_RATE` times a second unless `force`."""
-        now = time.monotonic()
-        if not force and now - self._last_push < 1.0 / MAX_RATE:
+        """Send the run's state, as often as its measured cost allows (`PanelBudget`):
+        all of it, or the header alone where a full update is not due; all of it at once
+        with `force`."""
+        kind = "full" if force else self.budget.due()
+        if kind is None:
             return
-        self._last_push = now
+        started = self.budget.clock()
+        if kind == "header":
+            with self.hold_sync():
+                for name, value in panel_state.header_state(self.run).items():
+                    setattr(self, name, value)
+        else:
+            self._send_all()
+        self.budget.paid(kind, started, forced=force)
+
+    def _send_all(self) -> None:
+        """Send every trait (the per-cell numbers too once training is over)."""
         self._notes_pushed = len(self.run.notes)
         done = self.run.status != "training"
         state = panel_state.panel_state(self.run, with_values=done)
@@ -114,7 +134,8 @@ class Panel(anywidget.AnyWidget):
                 setattr(self, name, value)
             if not self.thresholds:
                 self.thresholds = panel_state.thresholds(self.run)
-            self.message = HELP if done else LIVE_HELP
+            nothing = done and panel_state.watched_nothing(self.run) is not None
+            self.message = LIVE_HELP if not done else "" if nothing else HELP
 
     # -- browser -> kernel ------------------------------------------------------------
     def _on_thresholds(self, change: dict[str, Any]) -> None:
@@ -151,6 +172,12 @@ class Panel(anywidget.AnyWidget):
         from .inspector import inspector_html
 
         self.inspector_html = inspector_html(self.run, sel.get("layer"), int(sel.get("step", 0)))
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widget view, with a text/plain that says what it is (`notebook.static`)."""
+        from .static import panel_bundle
+
+        return panel_bundle(super()._repr_mimebundle_(**kwargs))
 
     def close(self) -> None:
         self._unsubscribe()

@@ -143,16 +143,26 @@ def markers(run: Run, limit: int = MAX_MARKERS) -> list[dict[str, Any]]:
 
 SLIDER_LABELS = {"vanish": "vanishing grad <", "explode": "exploding grad >",
                  "jump": "regime jump \u00d7", "dead": "dead units \u2265",
-                 "saturated": "saturated \u2265"}
+                 "saturated": "saturated \u2265", "max_update": "weight update \u2265"}
 """The settings the panel has a slider for, in order, and each slider's label; the rest of
 a slider (its default, span, scale and tooltip) is the setting's own (`Thresholds`)."""
 
+SLIDER_COLUMNS = {"vanish": ("grad_norm",), "explode": ("grad_norm",),
+                  "jump": ("grad_norm", "act_absmax"), "dead": ("dead_frac",),
+                  "saturated": ("sat_frac",), "max_update": ("update_ratio",)}
+"""The trace columns each slider's setting judges: a run that recorded none of them (no
+ReLU-like layer, no bounded activation, no optimizer step) gets no slider for it, since
+moving it could decide nothing there."""
 
-def sliders() -> list[dict[str, Any]]:
-    """The sliders, for `js/sliders.ts`: key, label, help, default, min, max, log."""
+
+def sliders(run: Run | None = None) -> list[dict[str, Any]]:
+    """The sliders, for `js/sliders.ts`: key, label, help, default, min, max, log. With
+    `run`, only those whose setting judges a column `run` recorded (`SLIDER_COLUMNS`)."""
     known = {s.name: s for s in settings()}
     out = []
     for key, label in SLIDER_LABELS.items():
+        if run is not None and not _judges(run, SLIDER_COLUMNS[key]):
+            continue
         s = known[key]
         if s.span is None:
             raise ValueError(f"Thresholds.{key} has a slider but no span: give its field "
@@ -160,6 +170,15 @@ def sliders() -> list[dict[str, Any]]:
         out.append({"key": key, "label": label, "help": s.doc, "default": s.default,
                     "min": s.span[0], "max": s.span[1], "log": s.log})
     return out
+
+
+def _judges(run: Run, columns: tuple[str, ...]) -> bool:
+    """Did `run` record a value in any of `columns`?"""
+    for column in columns:
+        _, values = run.trace.history(column)
+        if values.size and not np.isnan(values).all():
+            return True
+    return False
 
 
 def thresholds(run: Run) -> dict[str, float]:
@@ -198,6 +217,48 @@ def _budget_note(run: Run) -> str | None:
     return run.cost.note if run.cost is not None else None
 
 
+STATUSES = ("training", "finished", "stopped", "raised", "interrupted", "exited")
+"""The run statuses the panel names (`Run.status`); any other reads as "raised"."""
+
+
+def status(run: Run) -> str:
+    """The header's status: the run's own, where the panel knows it."""
+    return run.status if run.status in STATUSES else "raised"
+
+
+def watched_nothing(run: Run) -> str | None:
+    """Why a run that ended recorded no layer or no step, in a sentence (None: it did)."""
+    t = run.trace
+    if run.status == "training" or (t.n_steps > 0 and t.n_layers > 0):
+        return None
+    if t.n_steps == 0 and run.status in ("raised", "interrupted", "exited"):
+        return (f"nothing was watched: the cell {run.status_text} before its first "
+                "training step")
+    if t.n_layers == 0 and t.n_steps > 0:
+        return ("nothing was watched: no layer of a model was found (the watch reads the "
+                "nn.Module the cell trains; see the notes above)" if run.notes else
+                "nothing was watched: no layer of a model was found")
+    return ("nothing was watched: the cell ran no training step (no backward() and "
+            "optimizer.step() of a torch model)")
+
+
+def handle(run: Run) -> str:
+    """Python that reaches `run` in its kernel: `ndbg.runs[i]` (`live.watcher.runs`), the
+    same whichever panel shows it and however many cells trained after it."""
+    from ..live.watcher import runs
+
+    number = runs.number(run)
+    return "ndbg.last_run()" if number is None else f"ndbg.runs[{number}]"
+
+
+def header_state(run: Run) -> dict[str, Any]:
+    """The traits of the panel's header: its status, step, loss and cost. A live update
+    of these alone is a few hundred bytes whatever the run's size (`panel_budget`)."""
+    label, detail = cost(run)
+    return {"status": status(run), "step": run.trace.n_steps, "loss": loss_curve(run),
+            "cost": label, "cost_detail": detail}
+
+
 def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     """Every trait of the panel for `run`. `with_values` adds the per-cell numbers for the
     tooltip (sent when the run is not training, to keep live messages small)."""
@@ -205,12 +266,9 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
     cols = map_shape(t.n_steps, t.n_layers)
     live = not with_values
     events, first = feed(run, LIVE_EVENTS if live else MAX_EVENTS)
-    label, detail = cost(run)
     state: dict[str, Any] = {
         "layers": t.layer_names,
-        "status": run.status if run.status in ("training", "finished", "stopped") else "raised",
-        "step": t.n_steps,
-        "loss": loss_curve(run),
+        **header_state(run),
         "map": np.ascontiguousarray(state_map(run, cols)).tobytes(),
         "map_cols": cols,
         "map_steps": [0, t.n_steps],
@@ -218,10 +276,8 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
         "events": events,
         "first_failure": first,
         "likely_causes": likely_causes(run),
-        "sliders": sliders(),
-        "cost": label,
-        "cost_detail": detail,
-        "notes": notes(run),
+        "sliders": sliders() if live else sliders(run),
+        "notes": notes(run) + [n for n in [watched_nothing(run)] if n],
     }
     if with_values:
         edges = bucket_edges(t.n_steps, cols)

@@ -1,5 +1,5 @@
-"""What the backwards of a step tell: the loss (the tensor `backward()` was called on, or
-what `run.log_loss` was given), whether each starts on the last step's gradients
+"""What the backwards of a step tell: the loss (the tensor `backward()` was called on,
+unscaled where a GradScaler scaled it, or what `run.log_loss` was given), whether each starts on the last step's gradients
 (`CarryCheck`), and how many watched layers were in eval mode as it started."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 
 from ..trace.columns import REAPPLIED
 from . import reductions, step_row
-from .carried import CarryCheck
+from .amp_scale import ScaleReader
+from .carried import CarryCheck, OtherCarries
 from .discovery import Models
 
 
@@ -21,6 +22,11 @@ class Backwards:
         self._models = models
         self._sc = sc
         self._carry = CarryCheck()
+        self._scales = ScaleReader()
+        self.others = OtherCarries()
+        """The same checks for the other optimizers of the step (a GAN's second)."""
+        self.total_heard = 0
+        """Backwards heard since the watch began."""
         self.new_step()
 
     def new_step(self) -> None:
@@ -33,9 +39,13 @@ class Backwards:
         """The most layers found in eval mode at a backward of the step; -1: none heard."""
 
     def heard(self, root: torch.Tensor) -> None:
-        """A backward starts from `root` (the loss tap)."""
-        self._heard.append(self._sc.add(root.detach()))
+        """A backward starts from `root` (the loss tap); the loss is the unscaled one where
+        `root` is a GradScaler's scaling of it (`ScaleReader`)."""
+        loss = self._scales.unscaled(root)
+        self._heard.append(self._sc.add(root.detach() if loss is None else loss))
         self._carry.at_backward(self._sc)
+        self.others.at_backward(self._sc)
+        self.total_heard += 1
         self.eval_layers = max(self.eval_layers, self._models.layers_in_eval())
 
     def log_loss(self, value: float | torch.Tensor) -> None:

@@ -26,6 +26,7 @@ from .discovery import Models
 from .forward import Forward, Held
 from .inputs import Inputs
 from .optimizer import learning_rate, missing_gradients
+from .replay import Replay, anomalous, edited
 from .sampler import is_reference_step
 from .step_owner import StepOwner
 from .timing import StepTimer, clock
@@ -52,7 +53,15 @@ class Boundary:
     def __init__(self, trace: Trace, models: Models, forward: Forward, inputs: Inputs,
                  backwards: Backwards, weights: WeightProbe, steps: StepOwner,
                  sc: reductions.Scalars, timer: StepTimer,
-                 on_step: Callable[[StepRecord], None]) -> None:
+                 on_step: Callable[[StepRecord], None], *, replay: Replay | None = None,
+                 set_hooks: Callable[[bool], None] | None = None,
+                 jump: float = math.inf, hook_every: int = 1) -> None:
+        """`set_hooks`: turns the layer hooks on or off for the next forward, where they
+        are on only for sampled and reference steps (None: on every step). `replay`: the
+        step's calls, replayed with the hooks on where the step was not hooked and its
+        loss or gradients say it went wrong (`replay.anomalous`, `jump` its factor).
+        `hook_every`: the layer hooks are also on every `hook_every`-th step, for their
+        abs-max alone, so each layer's recent level is known where a jump is judged."""
         self._trace = trace
         self._models = models
         self._forward = forward
@@ -63,6 +72,12 @@ class Boundary:
         self._sc = sc
         self._timer = timer
         self._on_step = on_step
+        self._replay = replay
+        self._set_hooks = set_hooks
+        self._jump = jump
+        self._hook_every = hook_every
+        self.hooked = True
+        """The layer hooks are on for the step in progress."""
         self.sampled = True
         """The step in progress gets the full statistics."""
         self.new_step()
@@ -71,9 +86,20 @@ class Boundary:
         """The parts start a step: sampled ones (and reference steps) hold every layer's
         tensors for capture."""
         sampled = self.sampled
-        self._forward.new_step(sampled, sampled or is_reference_step(self._trace.n_steps))
+        hold_all = sampled or is_reference_step(self._trace.n_steps)
+        self._forward.new_step(sampled, hold_all)
         self._inputs.new_step(sampled)
         self._backwards.new_step()
+        if self._replay is not None:
+            self._replay.new_step()
+        if self._set_hooks is not None:
+            self.hooked = hold_all or self._trace.n_steps % self._hook_every == 0
+            self._set_hooks(self.hooked)
+
+    @property
+    def backwards(self) -> Backwards:
+        """The step's backwards (the other optimizers' checks are theirs)."""
+        return self._backwards
 
     @property
     def pending(self) -> bool:
@@ -92,6 +118,8 @@ class Boundary:
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)
+        edits = self._weights.queue_edits(sc) if not self.hooked and self._replay is not None \
+            else None
         self._forward.queue()
         lr_host, lr_pos = learning_rate(opt, sc)
         t_x = clock()
@@ -107,6 +135,13 @@ class Boundary:
         norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad])]
                                      + (self._weights.parts() if step > 0 else []), n)
         row["grad_norm"] = norms[0]
+        unheld = None if opt is None or self._steps.input_trained else \
+            self._steps.membership.column(self._models, n)
+        if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)
+            row["grad_unheld"] = unheld
+            cut = self._steps.membership.cut(self._models, norms[0], self._backwards.any_heard)
+            if cut is not None:  # (held weights that got no gradient)
+                row["grad_cut"] = cut
         self._weights.record(trace, step - 1, norms[1:], v)
 
         eval_layers = self._backwards.eval_layers
@@ -115,10 +150,23 @@ class Boundary:
                    "sampled": float(self.sampled),
                    "eval_layers": eval_layers if eval_layers >= 0 else math.nan,
                    "grad_carried": self._backwards.carried(opt, params, v),
-                   "grads_missing": missing}
+                   "grads_missing": missing,
+                   "others_carried": self._backwards.others.resolve(v)}
         if self._steps.input_trained:  # (`StepOwner.input_trained`)
             self._inputs.drop()
         scalars.update(self._inputs.read(v))
+        if not self.hooked and self._replay is not None and step > 0:
+            finite = all(math.isfinite(v[p]) for p in g_pos)
+            before = trace.col("grad_norm", step - 1, step)[0].tolist()
+            if anomalous(scalars["loss"], self._backwards.any_heard, finite,
+                         row["grad_norm"].tolist(), float(trace.scalar("loss", step - 1, step)[0]),
+                         before, self._jump) or (edits is not None and edited(
+                             step_row.layer_norms(v, [edits], n)[0],
+                             trace.col("param_norm", step - 1, step)[0])):
+                replayed = self._replayed(n)
+                if replayed is not None:
+                    row.update(replayed)
+                    scalars["sampled"] = 1.0
         trace.append(row, scalars)
 
         held = self._forward.held
@@ -130,6 +178,23 @@ class Boundary:
         finally:
             held.clear()
             self._timer.end_interval(step, t_enter)
+
+    def _replayed(self, n: int) -> dict[str, np.ndarray] | None:
+        """The step's forward replayed with the layer hooks on (`replay.Replay.run`): its
+        activation columns, read in a second transfer, or None where it was refused."""
+        assert self._replay is not None and self._set_hooks is not None
+        forward, set_hooks = self._forward, self._set_hooks
+        forward.new_step(True, True)
+        forward.replaying(True)
+        try:
+            ran = self._replay.run(lambda: set_hooks(True), lambda: set_hooks(False))
+        finally:
+            forward.replaying(False)
+        if not ran:
+            return None
+        forward.queue()
+        v = self._sc.to_host()
+        return forward.columns(v, self._trace.n_layers)
 
     def flush(self) -> None:
         """At exit: the last update's weight norms go into the last row."""

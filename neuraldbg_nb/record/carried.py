@@ -93,3 +93,80 @@ class CarryCheck:
     def new_step(self) -> None:
         """The step's transfer was taken: the norms queued for it are read."""
         self._starts = []
+
+
+class _Stepped:
+    """One other optimizer's last step, and the backwards since (`OtherCarries`)."""
+
+    def __init__(self, p: nn.Parameter, g: torch.Tensor, heard: int) -> None:
+        self.p = weakref.ref(p)
+        self.g = weakref.ref(g)
+        self.version = g._version
+        self.heard = heard
+        self.host: list[float] = []  # norms at backward starts, read at an earlier transfer
+        self.queued: list[int] = []  # ... and queued on this step's transfer
+
+
+class OtherCarries:
+    """The same checks for every optimizer other than the one that closes the steps (a
+    GAN's generator's): at each of its steps, were its gradients still the ones its last
+    step applied (never zeroed), or applied again with no backward (a step taken twice)?
+    Its witness's gradient is read as each backward starts, as `CarryCheck` reads the
+    primary's; an optimizer steps between two transfers, so its verdict is given at the
+    next step boundary (`resolve`), into that step's row."""
+
+    def __init__(self) -> None:
+        self._last: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Stepped] = \
+            weakref.WeakKeyDictionary()
+        self._pending: list[tuple[int, list[float], list[int]]] = []
+        self._verdict = math.nan  # given at a step before the transfer, by host facts alone
+
+    def at_backward(self, sc: reductions.Scalars) -> None:
+        """A backward starts: each optimizer's witness still holding the gradient its last
+        step applied has that gradient's norm queued."""
+        for s in self._last.values():
+            g, p = s.g(), s.p()
+            if g is not None and p is not None and p.grad is g and g.layout == torch.strided:
+                s.queued.append(sc.add(torch.linalg.vector_norm(
+                    g.detach(), dtype=torch.float32 if g.element_size() < 4 else None)))
+
+    def at_step(self, opt: torch.optim.Optimizer, heard: int) -> None:
+        """`opt`, not the primary, starts a step; `heard`: backwards heard in the watch so
+        far."""
+        pool = [q for g in opt.param_groups for q in g["params"] if q.grad is not None]
+        p = min(pool, key=lambda q: q.numel(), default=None)
+        last = self._last.pop(opt, None)
+        g = p.grad if p is not None else None
+        if p is None or g is None:
+            return
+        if last is not None:
+            same = last.p() is p and last.g() is g
+            backwards = heard - last.heard
+            if not same:
+                self._verdict = max(_finite(self._verdict), 0.0)
+            elif not backwards:
+                if g._version == last.version:
+                    self._verdict = max(_finite(self._verdict), REAPPLIED)
+            elif g.layout == torch.strided:
+                self._pending.append((backwards, last.host, last.queued))
+        self._last[opt] = _Stepped(p, g, heard)
+
+    def resolve(self, v: list[float]) -> float:
+        """After the transfer `v`: the worst verdict on the other optimizers' steps since
+        the last boundary: `REAPPLIED` (a step taken twice), 1.0 (gradients not zeroed: each
+        backward since its last step started on the gradient it applied, still holding
+        values), 0.0 (zeroed), NaN where no other optimizer stepped or it cannot be told."""
+        verdict, self._verdict = self._verdict, math.nan
+        for backwards, host, queued in self._pending:
+            starts = host + [v[i] for i in queued]
+            carried = float(len(starts) == backwards and all(x != 0 for x in starts))
+            verdict = max(_finite(verdict), carried) if verdict != REAPPLIED else verdict
+        self._pending = []
+        for s in self._last.values():
+            s.host += [v[i] for i in s.queued]
+            s.queued = []
+        return verdict
+
+
+def _finite(x: float) -> float:
+    return -1.0 if math.isnan(x) else x

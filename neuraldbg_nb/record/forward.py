@@ -75,6 +75,9 @@ class Forward:
         """The layer hooks' per-call checks this step (seconds; `timing.StepTimer`)."""
         self.rich_s = 0.0
         """The full statistics this step (seconds; `timing.StepTimer`)."""
+        self.calls = 0
+        """Layer calls recorded this step, replays included (`timing.StepTimer` charges
+        PyTorch's cost of calling their hooks)."""
         self.compiled_seen = False  # a call under torch.compile was left out
         self.transformed_seen = False  # a call inside torch.func transforms was left out
         self.eval_seen = False  # a forward with gradients off was left out
@@ -93,6 +96,7 @@ class Forward:
         layer's tensors for capture (sampled and reference steps)."""
         self._sampled = sampled
         self._hold_all = hold_all
+        self.calls += len(getattr(self, "_c_idx", ()))  # the step's calls so far
         self._c_idx: list[int] = []
         self._c_mn: list[float] = []  # NaN where the value is on a device (below)
         self._c_mx: list[float] = []
@@ -158,6 +162,13 @@ class Forward:
             self._model_output(output)
         self._eval_call = False
         return trained
+
+    def replaying(self, on: bool) -> None:
+        """A replay of the step's forward (`replay.Replay`) begins or ends: its calls,
+        made under `torch.no_grad()` with the root's hooks quiet, are recorded as a
+        training call's."""
+        self._root_depth = 1 if on else 0
+        self._eval_call = False
 
     def end_calls(self) -> None:
         """The block ends: no call is in progress any more (a forward that raised half

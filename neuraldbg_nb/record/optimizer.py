@@ -56,10 +56,15 @@ class Optimizers:
                                                      else None))
             if not self._closure_step:
                 self._boundary.close(opt)
-        elif self._weights.measuring and self._steps.trains_watched(opt):
-            # another optimizer of the step (a GAN's generator): its update is measured
-            # on the step the primary's was, and adds to it
-            self._weights.keep_before()
+        elif self._steps.trains_watched(opt):
+            # another optimizer of the step (a GAN's generator): the layers it finds with
+            # gradients had one in the step, and its update is measured on the step the
+            # primary's was, and adds to it
+            self._steps.membership.other_step(opt)
+            backwards = self._boundary.backwards
+            backwards.others.at_step(opt, backwards.total_heard)
+            if self._weights.measuring:
+                self._weights.keep_before()
 
     def post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """An optimizer's step (its update) ended."""

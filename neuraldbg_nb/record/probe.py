@@ -12,6 +12,7 @@ the numbers mean is decided elsewhere (`detect`), by a callback the probe does n
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,7 @@ from .forward import Forward
 from .guard import guarded
 from .inputs import Inputs
 from .optimizer import Optimizers
+from .replay import Replay
 from .sampler import Sampler
 from .step_owner import StepOwner
 from .timing import CostMeter, StepTimer, clock
@@ -44,6 +46,7 @@ class Probe:
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
                  overhead: float | None = None, hold_jump: float, cost: CostMeter,
+                 layer_hooks: str = "every", hook_every: int = 1,
                  on_step: Callable[[StepRecord], None],
                  on_error: Callable[[Exception, str], None]) -> None:
         """`roots`: the models to watch, with the prefix of their layers' names (None:
@@ -52,13 +55,27 @@ class Probe:
         passes `Thresholds.wake_jump`, the wake test's factor). `cost`: where the probe
         records its own time, step by step. `on_step`: told of each closed step.
         `on_error`: told of an error in a hook (the exception, the hook's name) before
-        the probe stops; it may raise it again (see `guard.guarded`)."""
+        the probe stops; it may raise it again (see `guard.guarded`). `layer_hooks`:
+        "every" hooks every layer call of every step; "sampled" hooks the layers only for
+        the forwards of sampled and reference steps and of every `hook_every`-th step, and
+        replays the forward of a step whose cheap signals went wrong (`replay`) with them
+        on."""
+        if layer_hooks not in ("every", "sampled"):
+            raise ValueError(f"layer_hooks must be 'every' or 'sampled', got {layer_hooks!r}")
         self.trace = trace
         self.activations = activations
         self._on_error = on_error
         self.failed = False
         """A hook failed: the probe records nothing more."""
         self._handles: list[RemovableHandle] = []
+        self._layer_handles: list[RemovableHandle] = []  # the layers' forward hooks
+        self._discovery: RemovableHandle | None = None  # the global pre-hook, while in
+        # optimizer -> ((its parameters, the watched ones), whether it trains others)
+        self._known_opts: weakref.WeakKeyDictionary[
+            torch.optim.Optimizer, tuple[tuple[int, int], bool]] = weakref.WeakKeyDictionary()
+        self._armed = False
+        self._sampled_hooks = layer_hooks == "sampled" and activations
+        self._replay = Replay() if self._sampled_hooks else None
         self._quiet: Any = None  # the compile-warning filter while the global hook is in
         self._unsubscribe: Callable[[], None] | None = None
         sc = reductions.Scalars()
@@ -72,7 +89,9 @@ class Probe:
         self._steps = StepOwner(models)
         self._boundary = Boundary(trace, models, self._forward, self._inputs,
                                   self._backwards, self._weights, self._steps, sc,
-                                  self._timer, on_step)
+                                  self._timer, on_step, replay=self._replay,
+                                  set_hooks=self._set_hooks if self._sampled_hooks else None,
+                                  jump=hold_jump, hook_every=max(1, hook_every))
         self._optimizers = Optimizers(self._steps, self._weights, self._boundary,
                                       self._inputs, self._timer, sc)
         for prefix, root in roots or []:
@@ -89,20 +108,66 @@ class Probe:
             optim_module.register_optimizer_step_post_hook(self._opt_post),
         ]  # global registries: nothing of a model's state holds them
         if not self._models.given:
-            self._handles.append(nn_module.register_module_forward_pre_hook(self._forward.pre))
-            self._quiet = compile_warning.quiet()
+            self._discover(True)
         for root in self._models.root_modules:
             self._hook_root(root)
+        self._armed = True
         self._hook_layers(list(self._models.candidates.values()))
         self._unsubscribe = loss_tap.subscribe(self._on_backward)
         self._timer.start()
 
     def _hook_layers(self, layers: list[Candidate]) -> None:
-        if self.activations:
+        if self.activations and self._armed:
             post = self._forward.post
             for c in layers:
-                self._handles.append(pickling.own(
+                self._layer_handles.append(pickling.own(
                     c.module.register_forward_hook(functools.partial(post, c))))
+
+    def _set_hooks(self, on: bool) -> None:
+        """The layer hooks on for the next forward, or off (`layer_hooks="sampled"`: at
+        each step boundary, for the step that follows; around a replay)."""
+        if on and not self._armed:
+            self._armed = True
+            self._hook_layers(list(self._models.candidates.values()))
+        elif not on and self._armed:
+            self._armed = False
+            self._unhook(self._layer_handles)
+            self._layer_handles = []
+
+    @staticmethod
+    def _unhook(handles: list[RemovableHandle]) -> None:
+        for h in handles:
+            h.remove()
+            pickling.release(h)
+
+    def _discover(self, on: bool) -> None:
+        """The global pre-hook that finds models (no model given) in, or out. It puts
+        every module call of the process on PyTorch's slow path, so it is out from the
+        first step boundary on, and back for the next forward where an optimizer steps
+        weights of no model found (`_opt_pre`)."""
+        if on and self._discovery is None:
+            self._discovery = nn_module.register_module_forward_pre_hook(self._forward.pre)
+            if self._quiet is None:
+                self._quiet = compile_warning.quiet()
+        elif not on and self._discovery is not None:
+            self._discovery.remove()
+            self._discovery = None
+            if self._quiet is not None:
+                compile_warning.restore(self._quiet)
+                self._quiet = None
+
+    def _unknown_weights(self, opt: torch.optim.Optimizer) -> bool:
+        """Does `opt` train weights of no model found? Looked at again only when its
+        parameter groups or the watched weights change."""
+        params = self._models.params()
+        key = (sum(len(g["params"]) for g in opt.param_groups), len(params))
+        seen = self._known_opts.get(opt)
+        if seen is not None and seen[0] == key:
+            return seen[1]
+        known = {id(p) for _, p, _ in params}
+        unknown = not all(id(p) in known for g in opt.param_groups for p in g["params"])
+        self._known_opts[opt] = (key, unknown)
+        return unknown
 
     def _hook_root(self, root: nn.Module) -> None:
         """Per-root hooks (they see keyword arguments, global hooks do not): the input
@@ -124,10 +189,10 @@ class Probe:
 
     def detach(self) -> None:
         """Remove every hook; safe to call twice."""
-        for h in self._handles:
-            h.remove()
-            pickling.release(h)
-        self._handles = []
+        self._unhook(self._handles + self._layer_handles)
+        self._handles, self._layer_handles = [], []
+        self._armed = False
+        self._discover(False)
         if self._quiet is not None:
             compile_warning.restore(self._quiet)
             self._quiet = None
@@ -149,6 +214,8 @@ class Probe:
     def _release(self) -> None:
         """Drop every tensor the parts hold (the block ends, or the probe failed)."""
         self._forward.release()
+        if self._replay is not None:
+            self._replay.release()
         self._weights.release()
         self._inputs.release()
 
@@ -156,16 +223,33 @@ class Probe:
     def attached(self) -> bool:
         return bool(self._handles)
 
+    @property
+    def replays(self) -> int:
+        """Forwards replayed at anomalous steps."""
+        return self._replay.replays if self._replay is not None else 0
+
+    @property
+    def replay_refused(self) -> str | None:
+        """Why a step's forward could not be replayed, the first time it could not."""
+        return self._replay.refused if self._replay is not None else None
+
     # -- hooks ------------------------------------------------------------------------
     @guarded
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        replay = self._replay
+        if replay is not None and replay.active:
+            return  # the replay's call: its input is the step's, already recorded
         if self._forward.enter_call():
             t0 = clock()
+            if replay is not None:
+                replay.record(module, args, kwargs)
             self._inputs.record(args, kwargs)
             self._timer.other_s += clock() - t0
 
     @guarded
     def _root_post(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self._replay is not None and self._replay.active:
+            return
         if self._forward.leave_call(output):
             self._inputs.model_output(output)
 
@@ -178,6 +262,8 @@ class Probe:
     @guarded
     def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         self._optimizers.pre(opt, args, kwargs)
+        if not self._models.given:  # models are known after the first step's forward
+            self._discover(self._unknown_weights(opt))
 
     @guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:

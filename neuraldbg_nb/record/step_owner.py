@@ -16,6 +16,7 @@ import weakref
 import torch
 
 from .discovery import Models
+from .membership import Membership
 
 
 class StepOwner:
@@ -42,6 +43,8 @@ class StepOwner:
         self.foreign_steps = 0
         """Steps of optimizers that train no watched weight, while none that does had
         stepped: an optimizer made for an earlier copy of the model (`live.notes.unstepped`)."""
+        self.membership = Membership()
+        """Which watched weights the optimizers hold (every optimizer that steps is seen)."""
         self.input_trained = False
         """The primary optimizer trains the model's input: it is not data, and not judged
         as data (an image optimised from all zeros read "input batch is all zeros")."""
@@ -58,6 +61,7 @@ class StepOwner:
         where it is or becomes the primary), or None where no optimizer trains watched
         weights yet and `opt` does not either (a foreign step, counted). `called_with`: the
         tensor the watched model was last called with (`trains_the_input`)."""
+        self.membership.saw(opt)
         primary = self.primary
         if primary is None:
             if not self._owns(opt):

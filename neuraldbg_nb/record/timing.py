@@ -2,7 +2,8 @@
 
 One interval per step, from the end of one step boundary to the end of the next (the
 loop's step), and in it the engine's own time: the layer hooks' per-call checks and full
-statistics (kept by `forward.Forward`, whose hook adds to them on every call), and
+statistics (kept by `forward.Forward`, whose hook adds to them on every call), PyTorch's
+cost of calling each of those hooks (`dispatch_s`, which no hook can time itself), and
 everything else (the input batch, the loss tap, the weight probe, the step boundary with
 detection and captures). Each interval goes to a `CostMeter`, and what the full
 statistics cost decides which step is sampled next (`sampler.Sampler`).
@@ -13,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol
 
+import torch
+
 from .sampler import Sampler
 
 if TYPE_CHECKING:
@@ -21,6 +24,35 @@ if TYPE_CHECKING:
 clock = time.perf_counter
 """The clock of the engine's self-timing (a module attribute: one lookup on every layer
 call)."""
+
+_dispatch: list[float] = []
+
+
+def dispatch_s() -> float:
+    """PyTorch's own cost of calling one forward hook (seconds), which no hook can time
+    from inside: measured once per process, as the difference between calls of a small
+    module with a forward hook that does nothing and without one (the least of three
+    rounds of 200 calls each, so a busy machine's pauses do not count)."""
+    if not _dispatch:
+        m, x = torch.nn.Identity(), torch.zeros(1)
+
+        def rounds() -> float:
+            best = float("inf")
+            for _ in range(3):
+                t0 = clock()
+                for _ in range(200):
+                    m(x)
+                best = min(best, clock() - t0)
+            return best / 200
+
+        plain = rounds()
+        h = m.register_forward_hook(lambda mod, args, out: None)
+        try:
+            hooked = rounds()
+        finally:
+            h.remove()
+        _dispatch.append(max(hooked - plain, 0.0))
+    return _dispatch[0]
 
 
 class CostMeter(Protocol):
@@ -45,6 +77,9 @@ class StepTimer:
         """The engine's time this step outside the layer hooks (seconds); each part adds
         its own."""
         self._interval_start = clock()
+        self.dispatch = dispatch_s()
+        """PyTorch's cost of calling one hook (`dispatch_s`), charged per layer call
+        recorded."""
 
     def start(self) -> None:
         """A block of the watch begins: the time outside it (a re-entered watch) is no
@@ -55,7 +90,8 @@ class StepTimer:
         """The engine's time in this step so far: its hooks', and the step boundary's
         since `t_enter`."""
         layers = self._layers
-        return layers.hook_s + layers.rich_s + self.other_s + (now - t_enter)
+        return (layers.hook_s + layers.rich_s + self.other_s + (now - t_enter)
+                + layers.calls * self.dispatch)
 
     def next_sampled(self, step: int, sampled: bool, t_enter: float) -> bool:
         """Whether the step after `step` gets the full statistics (`Sampler`), told what
@@ -73,6 +109,7 @@ class StepTimer:
         now = clock()
         layers = self._layers
         self.cost.record(step, now - self._interval_start, self.own(t_enter, now),
-                         layers.hook_s, layers.rich_s)
+                         layers.hook_s + layers.calls * self.dispatch, layers.rich_s)
         self._interval_start = now
         layers.hook_s = layers.rich_s = self.other_s = 0.0
+        layers.calls = 0

@@ -39,6 +39,7 @@ class WeightProbe:
         self._plan: tuple[reductions.StackPlan, list[int]] = ([], [])  # weight slices, modules
         self._idx: list[int] | None = None  # their layers' indices, once numbered
         self._out: list[torch.Tensor] = []  # the after-update copy's stacks, reused
+        self._out_read = False  # `_out` holds the slices as the last update left them
         self._before: reductions.Stacks | None = None  # the slices before a sampled update
         # the weights' norms after the last update: (positions, their layers)
         self._post: Part | None = None
@@ -73,6 +74,7 @@ class WeightProbe:
             plan = reductions.stack_plan(views)
             self._key, self._plan, self._idx = key, (plan, mids), None
             self._out = reductions.stack_buffers(plan)
+            self._out_read = False
         return self._plan
 
     def _layers(self) -> list[int]:
@@ -102,6 +104,7 @@ class WeightProbe:
         plan = self._slices()[0]
         idx = self._layers()
         now = reductions.stacked(plan, self._out)  # read below and dropped: one buffer
+        self._out_read = True
         before, self._before = self._before, None
         if before is not None and len(before) == len(now) and all(
                 a == b and x.shape == y.shape for (a, x), (b, y) in zip(now, before)):
@@ -114,6 +117,18 @@ class WeightProbe:
                 m, m_idx, b, b_idx = self._update
                 self._update = (m + moved, m_idx + idx, b, b_idx)
         self._post = (reductions.stacked_norms(now, sc), idx)
+
+    def queue_edits(self, sc: reductions.Scalars) -> Part | None:
+        """Before the update, how far each weight slice moved since the last update left
+        it (norms of the differences, queued on `sc`): a weight changed outside the
+        optimizer, before the step's forward. None where there is no such copy (the first
+        step, a weight replaced or frozen since)."""
+        plan = self._slices()[0]
+        if not self._out_read or not plan:
+            return None
+        now = reductions.stacked(plan)
+        diffs = [(i, x - y.reshape(len(i), -1)) for (i, x), y in zip(now, self._out)]
+        return reductions.stacked_norms(diffs, sc), self._layers()
 
     def parts(self) -> list[Part]:
         """The norms waiting in the transfer, for `step_row.layer_norms`: the weights

@@ -23,7 +23,8 @@ class Overhead:
     step_ms: float
     """The loop's step without the engine's time (median)."""
     hooks_ms: float
-    """Of own_ms: the layer hooks' non-finite check (one reduction per layer call)."""
+    """Of own_ms: the layer hooks' non-finite check (one reduction per layer call) and
+    PyTorch's cost of calling them (estimated per call from a calibration)."""
     sampled_ms: float
     """Of own_ms: the full statistics of sampled steps, spread over every step."""
     steps: int

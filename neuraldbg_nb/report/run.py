@@ -279,6 +279,23 @@ class Run:
         """The trace in long format, one row per (step, layer)."""
         return self.trace.to_dataframe()
 
+    def to_tensorboard(self, writer: Any, grad_norms: bool = False) -> Path | None:
+        """The events in TensorBoard, as text at their steps with the first failure
+        marked, and running error/warning counts; with `grad_norms`, each layer's
+        gradient norm as a scalar per step. `writer`: a `SummaryWriter` or a log folder
+        (see `report.tensorboard.to_tensorboard`)."""
+        from .tensorboard import to_tensorboard
+
+        return to_tensorboard(self, writer, grad_norms=grad_norms)
+
+    def to_wandb(self, wandb_run: Any = None, grad_norms: bool = False) -> None:
+        """The events in Weights & Biases (`wandb_run`, or the current `wandb.run`): a
+        table of every event, the first failure in the run's summary, and with
+        `grad_norms` each layer's gradient norm per step (see `report.wandb`)."""
+        from .wandb import to_wandb
+
+        to_wandb(self, wandb_run, grad_norms=grad_norms)
+
     def save(self, path: str | Path) -> Path:
         """Save the trace, the events and the settings (not the captured tensors) to a
         .npz file and a .json beside it; reload with `neuraldbg_nb.load(path)` and
@@ -297,6 +314,15 @@ class Run:
         path.with_suffix(".json").write_text(json.dumps(_strict(meta), indent=1,
                                                         allow_nan=False))
         return path
+
+    def to_html(self, path: str | Path) -> Path:
+        """Write the run's report as one self-contained HTML file (`report.page`: no
+        network, opens from disk): the header, the loss and health map, the first failure
+        and its likely causes, the events, and the numbers of each captured step (a live
+        run's; a loaded run has no captured tensors)."""
+        from .page import write
+
+        return write(self, path)
 
     def __str__(self) -> str:
         return story.tell(self)

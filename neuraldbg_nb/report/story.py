@@ -29,6 +29,9 @@ def headline(run: Run) -> str:
     who = "neuraldbg" if run.rank is None else f"neuraldbg [rank {run.rank[0]} of {run.rank[1]}]"
     if root is None and run.unstepped:
         return f"{who}: {run.unstepped} (see the note)."
+    if root is None and steps == 0 and run.status != "training":
+        return (f"{who}: watched nothing: no training step ran (no backward() and "
+                "optimizer.step() of a torch model).")
     if root is None and layers == 0 and steps > 0:
         return f"{who}: watched no layer in {steps} step{'s' * (steps != 1)} (see the note)."
     if root is None:

@@ -39,6 +39,10 @@ LAYER_COLUMNS: tuple[str, ...] = (
     "dead_frac",      # fraction of units zero for the whole batch, ReLU-like layers (sampled)
     "sat_frac",       # fraction of outputs at the bounds, bounded activations (sampled)
     "act_nonfinite",  # count of non-finite outputs (sampled)
+    "grad_unheld",    # >0: the layer's weights got gradients that no optimizer holds (every
+                      # step; its values: `record.membership`), 0 where they are held
+    "grad_cut",       # >0: the layer's weights are trainable and held by an optimizer but got
+                      # no gradient in the step (every step; `record.membership.Membership.cut`)
 )
 """Per layer-step columns. NaN means "not measured at this step"."""
 
@@ -53,6 +57,9 @@ STEP_COLUMNS: tuple[str, ...] = (
                      # `REAPPLIED`: the last step's, applied again)
     "grads_missing",  # 1: a backward ran, but no weight had a gradient at the optimizer's
                       # step (see `record.optimizer.missing_gradients`)
+    "others_carried",  # `grad_carried` for the other optimizers that stepped since the last
+                       # boundary (a GAN's second), the worst of them
+                       # (`record.carried.OtherCarries`)
 )
 """Per step scalars: the loss, the learning rate, the watched model's input batch, the
 models' mode, the gradients' zeroing."""

@@ -209,7 +209,8 @@ def test_weights_left_unchanged_at_a_learning_rate_of_0_or_next_to_it_say_so(chu
         cols = {"grad_norm": g, "update_ratio": u, "param_norm": ww}
         scalars = {"loss": np.ones(N), "lr": lr}
         _, events = detect(build([("fc", "other")], cols, scalars))
-        found += [e.message.split(": ", 2)[2] for e in of(events, "weights_not_updated")]
+        found += [e.message.split(": ", 2)[2]
+                  for e in of(events, "weights_not_updated", "fc")]
         _, det, _ = live_scan([("fc", "other")], cols, scalars, chunk=chunk)
         assert [same(e) for e in det.events] == [same(e) for e in events]
     assert found == ["the learning rate is 0 since step 25 (was 0.001)",

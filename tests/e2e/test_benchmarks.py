@@ -14,9 +14,9 @@ pytestmark = pytest.mark.benchmarks
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(*args: str) -> str:
+def _run(*args: str, timeout: int = 300) -> str:
     done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=timeout, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -71,3 +71,16 @@ def test_memory_benchmark_runs_in_quick_mode() -> None:
     out = _run("benchmarks/memory.py", "--quick")
     assert "Capture budget: peak RSS" in out and "peak RSS - capture_mb=0" in out
     assert "capture_mb=64" in out and "Trace bound" in out
+
+
+def test_notebook_path_benchmark_runs_in_quick_mode() -> None:
+    """A real kernel runs the cells plain, under `%%neuraldbg --no-panel` and with the live
+    panel; `watch()` runs in the script; every variant trains to the same loss."""
+    out = _run("benchmarks/notebook_path.py", "--quick", timeout=600)  # a kernel starts
+    for row in ("plain vs plain (control)", "%%neuraldbg --no-panel: ratio",
+                "%%neuraldbg (live panel): cost per step (ms)", "per layer call (us",
+                "live panel: its updates' measured cost", "watch(model), default: ratio"):
+        assert row in out, row
+    assert "notebook cell (whole cells" in out and "watch() in a script (per step)" in out
+    same = [line for line in out.splitlines() if line.startswith("final loss bit-identical")]
+    assert len(same) == 4 and all(" no (" not in line for line in same), same

@@ -44,11 +44,17 @@ def test_bfloat16_updates_that_round_away_are_found_at_their_step():
     """A model trained in bfloat16 whose learning rate drops to 1e-5 at step 40: from
     that update on, nearly every weight update is below bfloat16's precision and rounds
     away, so the model stops learning while every other number stays ordinary. The run
-    says so at step 40, first for the first layer, with the cause. The same training in
-    float32 (whose small updates still land) and bfloat16 at 1e-3 say nothing of it."""
+    says so at step 40, first for the first layer, with the cause; every layer stalled is
+    the whole model stopped learning, an error and the first failure dated from step 40.
+    The same training in float32 (whose small updates still land) and bfloat16 at 1e-3
+    say nothing of it."""
     run, _ = _half_training(torch.bfloat16, 80, drop_at=40)
-    assert_no_errors(run)
-    rounded = [e for e in run.events if e.kind == "weights_not_updated"]
+    first = run.first_failure
+    assert (first.kind, first.signal, first.layer, first.step) == (
+        "weights_not_updated", "model", None, 40), first
+    assert "whole model stopped learning" in first.message and "1e-05" in first.message
+    assert [e.signal for e in run.events if e.severity == "error"] == ["model"]
+    rounded = [e for e in run.events if e.signal == "rounding"]
     assert [(e.layer, e.step, e.signal) for e in rounded] == \
         [("0", 40, "rounding"), ("2", 40, "rounding"), ("4", 40, "rounding")], rounded
     assert "half-precision weights exactly as they were at a learning rate of 1e-05" in \

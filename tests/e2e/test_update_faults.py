@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from faults import STEPS, S
-from loops import assert_no_errors, setup_loop
+from loops import setup_loop
 from models import FACTORIES, cnn, mlp, train, weight_of
 
 import neuraldbg_nb as ndbg
@@ -67,9 +67,10 @@ def test_weights_zeroed_in_place_with_their_bias_kept_are_the_first_failure(arch
 @pytest.mark.parametrize("every", [10, 50])
 def test_parameters_not_in_the_optimizer(every):
     """Layer 0 gets gradients but is in no optimizer: training goes on through the other
-    layers, and the run says that layer 0 never moves (at the first sampled update that
-    follows another update, the sampled step after step 0), and says nothing of the
-    layers that train. However far apart the sampled steps are."""
+    layers. Read from the optimizer's groups, it is an error at step 0 naming layer 0
+    (`not_in_optimizer`), however far apart the sampled steps are; its weights never
+    moving is said as well (at the first sampled update that follows another update, the
+    sampled step after step 0), and nothing of the layers that train."""
     setup = mlp()
     model = setup.model
     opt = torch.optim.SGD(list(model[2].parameters()) + list(model[4].parameters()),
@@ -80,7 +81,9 @@ def test_parameters_not_in_the_optimizer(every):
     assert torch.equal(model[0].weight, before)
     assert losses[-10:].mean() < losses[:10].mean()
     assert run.trace.n_steps == 120
-    assert_no_errors(run)
+    first = run.first_failure
+    assert (first.kind, first.layer, first.step) == ("not_in_optimizer", "0", 0), first
+    assert [e.layer for e in run.events if e.severity == "error"] == ["0"]
     names = run.trace.layer_names
     g = run.trace.col("grad_norm")[:, names.index("0")]
     assert np.isfinite(g).all() and (g > 0).all()

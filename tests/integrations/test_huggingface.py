@@ -149,3 +149,48 @@ def test_two_rank_ddp_through_torchrun(tmp_path):
         run = load(tmp_path / f"neuraldbg_run.rank{r}.npz")
         assert run.rank == (r, 2)
         assert (run.first_failure.layer, run.first_failure.step) == (LAYER, FAULT)
+
+
+class Regressor(torch.nn.Module):
+    """A float-input model as the Trainer takes one: `forward(x, labels)` returns the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                                       torch.nn.Linear(32, 1))
+
+    def forward(self, x, labels=None):
+        out = self.net(x).squeeze(-1)
+        return {"loss": torch.nn.functional.mse_loss(out, labels), "logits": out}
+
+
+def test_a_nan_batch_is_the_datas_fault_at_its_step(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    rows = [{"x": torch.randn(8, generator=g), "labels": torch.randn((), generator=g)}
+            for _ in range(8 * 40)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                             max_steps=40, report_to=[], save_strategy="no", use_cpu=True,
+                             seed=0, disable_tqdm=True, dataloader_drop_last=True)
+    cb = NeuralDbgCallback()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Trainer(model=Regressor(), args=args, train_dataset=rows, callbacks=[cb],
+                data_collator=NanAt()).train()
+    root = cb.run.first_failure
+    assert (root.kind, root.layer, root.step) == ("data_anomaly", None, FAULT), root
+
+
+class NanAt:
+    """A collator whose batch number FAULT (the FAULT-th optimizer step's) holds one bad
+    record, as a corrupt row of the data would."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __call__(self, rows):
+        x = torch.stack([r["x"] for r in rows])
+        if self.made == FAULT:
+            x[3, 2] = float("nan")
+        self.made += 1
+        return {"x": x, "labels": torch.stack([r["labels"] for r in rows])}

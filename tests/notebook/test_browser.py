@@ -420,7 +420,7 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> N
         clicked = time.monotonic()
         expect(body.locator("svg").first).to_be_visible(timeout=30_000)
         report["inspector_s"] = round(time.monotonic() - clicked, 1)
-        expect(body).to_contain_text("ndbg.last_run().selected.tensors")
+        expect(body).to_contain_text("ndbg.runs[0].selected.tensors")
         expect(inspector).not_to_have_class(re.compile(r"\bndbg-waiting\b"))
         expect(row).to_have_class(re.compile(r"\bndbg-selected\b"))
         report["inspector_charts"] = body.locator("svg").count()

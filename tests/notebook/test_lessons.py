@@ -54,11 +54,13 @@ CLAIMS = {
         r"relu[123]) step \d+; "
         r"fixed run healthy",
     "07_bugs_of_the_loop.ipynb":
-        r"LESSON OK: eval_mode step 23; weights_not_updated fc1 step 10; an optimizer of an "
-        r"earlier model named; grads_not_zeroed step 1; fixed run quiet",
+        r"LESSON OK: eval_mode step 23; not_in_optimizer fc1 step 0, weights_not_updated "
+        r"step 10; an optimizer of an earlier model named; grads_not_zeroed step 1; fixed "
+        r"run quiet",
     "08_half_precision.ipynb":
-        r"LESSON OK: weights_not_updated out step 70 \(rounding\), fc1 and fc2 by step 140; "
-        r"the loss stopped falling; float32 weights with autocast quiet",
+        r"LESSON OK: weights_not_updated out step 70 \(rounding\), fc1 and fc2 by step 140, "
+        r"the whole model at step \d+; the loss stopped falling; float32 weights with "
+        r"autocast quiet",
 }
 
 

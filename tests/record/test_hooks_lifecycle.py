@@ -396,10 +396,12 @@ def test_a_second_model_trained_after_the_first_is_recorded(given):
             opt_second.zero_grad()
             F.cross_entropy(second(x), y).backward()
             opt_second.step()
-    # the second model's first step is recorded with its second: 40 + 39 steps
-    assert run.trace.n_steps == 79
+    # the second model's first step is recorded with its second: 40 + 39 steps. Found
+    # as it runs, it is found at the forward after its optimizer's first step (no global
+    # module hook once the first model is known): 40 + 38, the fault one step earlier
+    assert run.trace.n_steps == (79 if given else 78), run.trace.n_steps
     failure = run.first_failure
-    assert failure.step == 40 + 24, failure
+    assert failure.step == 40 + (24 if given else 23), failure
     assert failure.layer == ("b.2" if given else "Sequential1.2"), failure
     assert all(i.primary_lr for i in run.trace.layers)
     # the first model, done training, keeps its last gradients (no zero_grad after): it

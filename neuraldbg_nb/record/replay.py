@@ -1,0 +1,219 @@
+"""Replay of a step's forward: the per-layer summaries of a step whose layers were not
+hooked, computed at that step, before its update.
+
+Each top-level training call of a watched model is remembered for the step (`Replay.record`,
+from the root's pre-hook): references to its arguments (no copy), their in-place versions,
+the RNG states it started from (the CPU's and each initialised accelerator's) and the
+autocast state it ran under. When the step's cheap signals say it went wrong
+(`anomalous`), `Replay.run` calls the same forwards again, in order, with the layer hooks
+on, under `torch.no_grad()`: the weights are still those the forward used (the replay runs
+in the optimizer's pre-hook, before the update), dropout draws the same masks from the
+restored RNG, BatchNorm in train mode normalises by the same batch statistics, and autocast
+picks the same dtypes, so each layer's output is the one the training computed, bit for bit.
+What a forward changes is put back afterwards: every buffer of the model (running
+statistics, counters) and the RNG states, so the training goes on as if no replay had run.
+
+A replay is refused, with the reason (`Replay.refusal`), where it cannot be exact or
+safe: a sharded model (FSDP gathers its weights in collectives), arguments changed in
+place since the forward (their `_version` moved), or a forward that raises when run
+again. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
+module inside it is replayed (`discovery.unwrapped`), so no collective runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from .discovery import unwrapped
+
+_DEVICE_TYPES = ("cpu", "cuda")
+"""Autocast states remembered (the device types a forward runs under autocast on)."""
+
+
+def _autocast_state() -> tuple[tuple[str, bool, torch.dtype], ...]:
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                 for d in _DEVICE_TYPES if _has(d))
+
+
+def _has(device_type: str) -> bool:
+    return device_type == "cpu" or (device_type == "cuda" and torch.cuda.is_initialized())
+
+
+def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """The CPU's generator state and, where CUDA is initialised, every device's."""
+    dev = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), dev
+
+
+def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
+    cpu, dev = state
+    torch.set_rng_state(cpu)
+    if dev is not None:
+        torch.cuda.set_rng_state_all(dev)
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among the call's arguments, one level into lists, tuples and dicts."""
+    out: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(x for x in a if isinstance(x, torch.Tensor))
+        elif isinstance(a, dict):
+            out.extend(x for x in a.values() if isinstance(x, torch.Tensor))
+    return out
+
+
+def _sharded(module: nn.Module) -> bool:
+    """FSDP (the wrapper, or modules sharded by `fully_shard`): its forward gathers the
+    weights in collectives, which a replay on one rank would hang in."""
+    return any("FullyShardedDataParallel" in type(m).__name__ or
+               type(m).__name__.startswith("FSDP") for m in module.modules())
+
+
+@dataclass
+class Call:
+    """One top-level training call of a watched model, as the step made it."""
+
+    module: nn.Module
+    args: tuple
+    kwargs: dict
+    versions: list[int]
+    rng: tuple[torch.Tensor, list[torch.Tensor] | None]
+    autocast: tuple[tuple[str, bool, torch.dtype], ...]
+    tensors: list[torch.Tensor] = field(default_factory=list)
+
+
+class Replay:
+    """The step's training calls, and their replay at an anomalous step."""
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.active = False
+        """A replay is running: the root hooks record nothing (its input is the step's)."""
+        self.replays = 0
+        """Replays run in this watch."""
+        self.refused: str | None = None
+        """The first reason a replay was refused (`refusal`), for `run.notes`."""
+
+    def new_step(self) -> None:
+        """A step starts: the last step's calls (and the references to its inputs) go."""
+        self.calls = []
+
+    def record(self, root: nn.Module, args: tuple, kwargs: dict) -> None:
+        """A top-level training call of `root` begins (its pre-hook): remembered by
+        reference, with the RNG and autocast state it starts from."""
+        ts = _tensors(args, kwargs)
+        self.calls.append(Call(unwrapped(root), args, dict(kwargs), [t._version for t in ts],
+                               _rng_state(), _autocast_state(), ts))
+
+    def refusal(self) -> str | None:
+        """Why the step's calls cannot be replayed exactly, or None where they can."""
+        if not self.calls:
+            return "no call of the model was heard in the step"
+        for c in self.calls:
+            if _sharded(c.module):
+                return "a sharded model (FSDP) is not replayed: its forward runs collectives"
+            if any(t._version != v for t, v in zip(c.tensors, c.versions)):
+                return ("the model's inputs were changed in place after its forward, so its "
+                        "forward cannot be run again as it ran")
+        return None
+
+    def run(self, arm: Callable[[], None], disarm: Callable[[], None]) -> bool:
+        """Replay the step's calls in order with the layer hooks on (`arm`, `disarm`):
+        False (and `refused` set once) where it cannot be exact (`refusal`) or its
+        forward raises when run again. The RNG states and every buffer of the replayed
+        models are as they were before it, whatever happened."""
+        why = self.refusal()
+        if why is not None:
+            if self.refused is None:
+                self.refused = why
+            return False
+        modules = list({id(c.module): c.module for c in self.calls}.values())
+        buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
+        after = _rng_state()
+        self.active = True
+        arm()
+        try:
+            with torch.no_grad():
+                for c in self.calls:
+                    _set_rng_state(c.rng)
+                    with _autocast(c.autocast):
+                        c.module(*c.args, **c.kwargs)
+        except Exception as exc:  # noqa: BLE001 (a forward that cannot run twice: not the training's error)
+            if self.refused is None:
+                self.refused = f"its forward raised {type(exc).__name__} when run again"
+            return False
+        finally:
+            disarm()
+            self.active = False
+            _set_rng_state(after)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+        self.replays += 1
+        return True
+
+    def release(self) -> None:
+        self.calls = []
+
+
+class _autocast:
+    """Re-enter the autocast state a forward ran under, for each device type."""
+
+    def __init__(self, state: tuple[tuple[str, bool, torch.dtype], ...]) -> None:
+        self._ctx = [torch.autocast(d, dtype=dt, enabled=on) for d, on, dt in state]
+
+    def __enter__(self) -> None:
+        for c in self._ctx:
+            c.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for c in reversed(self._ctx):
+            c.__exit__(*exc)
+
+
+def anomalous(loss: float, loss_heard: bool, grad_finite: bool, grads: list[float],
+              before_loss: float, before_grads: list[float], jump: float) -> bool:
+    """Do the cheap signals of a step say it went wrong? A non-finite loss or gradient
+    norm (`grad_finite`: every gradient read was finite), or a loss or a layer's gradient
+    norm that moved by `jump` or more (either way) since the step before. `grads` and
+    `before_grads` are per layer, NaN where a layer had no gradient."""
+    if not grad_finite or (loss_heard and not math.isfinite(loss)):
+        return True
+    if _moved(before_loss, loss, jump):
+        return True
+    return any(_moved(b, g, jump) for b, g in zip(before_grads, grads))
+
+
+EDITED = 0.1
+"""A weight slice moved outside the optimizer by this fraction of its norm or more (or by
+a non-finite amount) makes its step worth replaying (`edited`). Smaller moves (a
+hand-written weight decay, a clamp of a few elements) are left to the next measured
+step: replaying every step of such a loop would cost a forward each."""
+
+
+def edited(moved: np.ndarray, norms: np.ndarray) -> bool:
+    """Was a weight changed outside the optimizer before the step's forward? `moved`:
+    per layer, the norm of its slice's change since the last update (NaN: not read);
+    `norms`: its norm after that update."""
+    for d, w in zip(moved.tolist(), norms.tolist()):
+        if d > 0 and (not math.isfinite(d) or (not math.isnan(w) and d >= EDITED * w)):
+            return True
+    return False
+
+
+def _moved(before: float, now: float, jump: float) -> bool:
+    """Did a finite, positive value move by `jump` or more either way? (NaN: not measured,
+    moves nothing.)"""
+    if not (before > 0 and now > 0):
+        return False
+    q = now / before
+    return q >= jump or q <= 1.0 / jump

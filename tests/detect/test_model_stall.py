@@ -1,0 +1,51 @@
+"""The whole model stopped learning (`weights_not_updated`, signal `model`) on hand-made
+traces: every layer with a gradient left exactly as it was by its updates is an error and
+the first failure, dated as its layers are (two sampled updates in a row); one layer of several is a warning
+of its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from traces import N, build, live_scan, noisy, of, same
+
+import neuraldbg_nb as ndbg
+from neuraldbg_nb.detect import detect, first_failure
+
+LAYERS = [("fc0", "other"), ("fc1", "other"), ("fc2", "other")]
+
+
+def _stalled(from_step: int, which: list[int], lr: np.ndarray | None = None):
+    g = noisy(0.1, cols=3)
+    upd = np.full((N, 3), np.nan)
+    upd[::10] = 1e-3
+    w = 5.0 + np.cumsum(np.full((N, 3), 1e-3), 0)
+    for i in which:
+        upd[from_step + 1::10, i] = 0.0
+        w[from_step:, i] = w[from_step, i]
+    scalars = {"loss": np.ones(N), "lr": np.full(N, 1e-3) if lr is None else lr}
+    return {"grad_norm": g, "update_ratio": upd, "param_norm": w}, scalars
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_every_layer_stalled_is_the_whole_model_an_error_and_the_first_failure(chunk):
+    lr = np.where(np.arange(N) < 29, 1e-3, 1e-12)
+    cols, scalars = _stalled(29, [0, 1, 2], lr)
+    _, events = detect(build(LAYERS, cols, scalars))
+    (model,) = of(events, "weights_not_updated", None, "model")
+    assert (model.step, model.severity, model.value) == (40, "error", 3.0)
+    assert "whole model stopped learning from step 40" in model.message
+    assert "learning rate is 1e-12 since step 29" in model.message
+    assert first_failure(events, ndbg.Thresholds()) is model
+    assert len(of(events, "weights_not_updated", "any", "update")) == 3
+    _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+def test_one_layer_of_several_stalled_is_a_warning_and_not_the_whole_model():
+    cols, scalars = _stalled(29, [1])
+    _, events = detect(build(LAYERS, cols, scalars))
+    assert not of(events, "weights_not_updated", None, "model")
+    (one,) = of(events, "weights_not_updated")
+    assert (one.layer, one.severity) == ("fc1", "warning")
+    assert first_failure(events, ndbg.Thresholds()) is None

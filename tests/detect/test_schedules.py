@@ -1,0 +1,38 @@
+"""A step schedule stepped per batch (`lr_change`, signal `per_batch`) on hand-made
+traces: two 10x falls within `window` steps are one warning from the second, with the
+rate's path; falls an epoch apart and a smooth decay are not; a live scan agrees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from traces import N, build, live_scan, noisy, of, same
+
+from neuraldbg_nb.detect import detect
+
+LAYERS = [("fc", "other")]
+
+
+def _trace_cols(lr: np.ndarray):
+    w = np.full((N, 1), 5.0)
+    return ({"grad_norm": noisy(0.1), "param_norm": w, "update_ratio": w * np.nan},
+            {"loss": np.ones(N), "lr": lr})
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_two_falls_of_10x_within_the_window_are_one_warning_with_the_path(chunk):
+    lr = 0.1 * 0.1 ** (np.arange(N) // 6)   # /10 every 6 steps
+    cols, scalars = _trace_cols(lr)
+    _, events = detect(build(LAYERS, cols, scalars))
+    (warned,) = of(events, "lr_change", signal="per_batch")
+    assert (warned.step, warned.severity) == (12, "warning")
+    assert "0.1 -> 0.01 at step 6, 0.01 -> 0.001 at step 12" in warned.message
+    _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+def test_falls_an_epoch_apart_and_a_smooth_decay_are_not_per_batch():
+    for lr in (0.1 * 0.1 ** (np.arange(N) // 25), 0.1 * 0.7 ** np.arange(N)):
+        cols, scalars = _trace_cols(lr)
+        assert not of(detect(build(LAYERS, cols, scalars))[1], "lr_change",
+                      signal="per_batch")

@@ -1,0 +1,103 @@
+"""The self-report (`run.overhead`, `print(run)`): silent during warm-up, then in line with
+what watching is measured to cost, PyTorch's hook dispatch included."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+import neuraldbg_nb as nd
+from neuraldbg_nb.live.selfcost import SETTLED, STEADY, WARMUP, SelfCost
+from neuraldbg_nb.record.sampler import is_reference_step
+from neuraldbg_nb.record.timing import dispatch_s
+
+
+def _recorded_after(steps: int) -> int:
+    return sum(s >= WARMUP and not is_reference_step(s) for s in range(steps))
+
+
+def test_nothing_is_said_until_the_estimate_is_steady():
+    cost = SelfCost()
+    step = 0
+    while _recorded_after(step + 1) < STEADY:
+        cost.record(step, 0.0003, 0.0003 if step < WARMUP else 0.00003, 0.0, 0.0)
+        step += 1
+        assert cost.summary() is None, step  # a first step's +100% is never said
+    cost.record(step, 0.0003, 0.00003, 0.0, 0.0)
+    o = cost.summary()
+    assert o is not None and o.steps == STEADY
+
+
+def test_a_cost_that_has_not_settled_is_not_said_until_later():
+    cost = SelfCost()
+    step = 0
+    while cost.recorded < SETTLED - 1:  # the share quadruples from one half to the other
+        cost.record(step, 0.010, 0.001 if cost.recorded < STEADY else 0.004, 0.0, 0.0)
+        step += 1
+    assert cost.recorded >= STEADY and cost.summary() is None
+    cost.record(step + 1, 0.010, 0.004, 0.0, 0.0)
+    assert cost.recorded == SETTLED and cost.summary() is not None
+
+
+def _deep(width: int = 32, depth: int = 12) -> nn.Module:
+    layers: list[nn.Module] = [nn.Linear(8, width)]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 2))
+
+
+def _steps(model, opt, n: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 2, (8,), generator=g)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_a_short_run_says_nothing_in_print():
+    torch.manual_seed(0)
+    model = _deep()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with nd.watch(model, report=False) as run:
+        _steps(model, opt, WARMUP + 8)
+    assert run.overhead is None
+    assert "own time" not in str(run)
+
+
+def test_hook_dispatch_is_measured():
+    assert 0.0 <= dispatch_s() < 1e-3  # a few microseconds, measured once
+    assert dispatch_s() == dispatch_s()
+
+
+def test_the_self_report_agrees_with_the_measured_cost_within_a_factor():
+    """Interleaved blocks of the same loop, plain and watched (the benchmarks' method),
+    against what the watched run says it cost: within a factor of 3 (loose: a shared
+    machine's noise, never a timing bound)."""
+    torch.manual_seed(0)
+    model = _deep()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    block = 40
+    plain: list[float] = []
+    watched: list[float] = []
+    reported: list[float] = []
+    _steps(model, opt, 10)
+    for _ in range(4):
+        t0 = time.perf_counter()
+        _steps(model, opt, block)
+        plain.append((time.perf_counter() - t0) / block)
+        with nd.watch(model, report=False) as run:
+            _steps(model, opt, 40)  # the warm-up and the first reference steps, not timed
+            t0 = time.perf_counter()
+            _steps(model, opt, block)
+            watched.append((time.perf_counter() - t0) / block)
+        assert run.overhead is not None
+        reported.append(run.overhead.own_ms / 1e3)
+    extra = statistics.median(watched) - statistics.median(plain)
+    said = statistics.median(reported)
+    assert extra > 0 and said > 0
+    assert 1 / 3 <= said / extra <= 3, (said, extra, statistics.median(plain))

@@ -1,0 +1,151 @@
+"""The replay of a step's forward (`record.replay`): each layer's output in the replay is
+the training's own, bit for bit, and the training after it is as without it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import neuraldbg_nb as nd
+from neuraldbg_nb.record.replay import Replay, anomalous
+
+REPLAYED = 5
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(32, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 3))
+
+
+def _train(replay_at: int | None, *, autocast: bool = False, micro: int = 1,
+           steps: int = 8) -> dict:
+    """A short training whose every layer output is kept (by a forward hook) for the step
+    `replay_at`, and replayed in the optimizer's pre-hook there."""
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    replay = Replay()
+    kept: dict[str, list[torch.Tensor]] = {"train": [], "replay": []}
+    where = {"now": None}
+
+    def keep(module, args, out):
+        if where["now"] is not None:
+            kept[where["now"]].append(out.detach().clone())
+
+    def record(module, args, kwargs):
+        if not replay.active:
+            replay.record(module, args, kwargs)
+
+    def pre(o, args, kwargs):
+        if where["now"] == "train":
+            where["now"] = "replay"
+            assert replay.run(lambda: None, lambda: None)
+        where["now"] = None
+
+    handles = [m.register_forward_hook(keep) for m in model]
+    handles.append(model.register_forward_pre_hook(record, with_kwargs=True))
+    if replay_at is not None:
+        handles.append(opt.register_step_pre_hook(pre))
+    losses = []
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        replay.new_step()
+        where["now"] = "train" if step == replay_at else None
+        opt.zero_grad()
+        for _ in range(micro):
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = nn.functional.cross_entropy(model(x), y) / micro
+            loss.backward()
+            losses.append(loss.item())
+        opt.step()
+    for h in handles:
+        h.remove()
+    return {"kept": kept, "losses": losses, "rng": torch.get_rng_state(),
+            "bn": [b.clone() for b in model[1].buffers()],
+            "weights": [p.detach().clone() for p in model.parameters()]}
+
+
+@pytest.mark.parametrize("case", [{}, {"autocast": True}, {"micro": 3}],
+                         ids=["dropout+batchnorm", "bf16-autocast", "accumulation"])
+def test_replayed_outputs_are_the_training_outputs_bit_for_bit(case):
+    run = _train(REPLAYED, **case)
+    train, replayed = run["kept"]["train"], run["kept"]["replay"]
+    assert len(train) == len(replayed) == 8 * case.get("micro", 1)
+    for a, b in zip(train, replayed):
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b)
+    if case.get("autocast"):
+        assert train[0].dtype == torch.bfloat16  # the replay re-entered autocast
+
+
+@pytest.mark.parametrize("case", [{}, {"autocast": True}, {"micro": 3}],
+                         ids=["dropout+batchnorm", "bf16-autocast", "accumulation"])
+def test_training_after_a_replay_is_bit_identical(case):
+    plain, replayed = _train(None, **case), _train(REPLAYED, **case)
+    assert plain["losses"] == replayed["losses"]
+    assert torch.equal(plain["rng"], replayed["rng"])
+    for a, b in zip(plain["bn"], replayed["bn"]):
+        assert torch.equal(a, b)
+    for a, b in zip(plain["weights"], replayed["weights"]):
+        assert torch.equal(a, b)
+
+
+def test_inputs_changed_in_place_refuse_the_replay():
+    model = _model()
+    replay = Replay()
+    x = torch.randn(4, 12)
+    replay.record(model, (x,), {})
+    model(x)
+    x.mul_(2)
+    assert "in place" in (replay.refusal() or "")
+    assert not replay.run(lambda: None, lambda: None)
+    assert replay.refused is not None and replay.replays == 0
+
+
+def test_anomalous_reads_non_finite_values_and_jumps():
+    grads = [1.0, 2.0]
+    assert not anomalous(0.5, True, True, grads, 0.5, grads, 10.0)
+    assert anomalous(math.nan, True, True, grads, 0.5, grads, 10.0)
+    assert anomalous(0.5, True, False, grads, 0.5, grads, 10.0)
+    assert anomalous(0.5, True, True, [1.0, 30.0], 0.5, grads, 10.0)
+    assert anomalous(60.0, True, True, grads, 0.5, grads, 10.0)
+    assert not anomalous(0.5, True, True, [math.nan, 2.0], 0.5, grads, 10.0)
+
+
+def _watched(monkeypatch, mode: str, fault_at: int):
+    monkeypatch.setenv("NEURALDBG_LAYER_HOOKS", mode)
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    with nd.watch(model) as run:
+        for step in range(30):
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
+            if step == fault_at:
+                with torch.no_grad():
+                    model[4].weight[0, 0] = math.nan
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return run, losses
+
+
+def test_a_replayed_step_reads_what_the_hooks_read(monkeypatch):
+    fault = 23  # not a sampled step (every 10th) nor a reference one (powers of 2)
+    every, l_every = _watched(monkeypatch, "every", fault)
+    sampled, l_sampled = _watched(monkeypatch, "sampled", fault)
+    assert l_every[:fault] == l_sampled[:fault]
+    np.testing.assert_array_equal(sampled.trace.col("act_absmax", fault, fault + 1),
+                                  every.trace.col("act_absmax", fault, fault + 1))
+    assert np.isnan(sampled.trace.col("act_absmax", fault - 1, fault)).all()  # not hooked
+    root = sampled.first_failure
+    assert root is not None and root.step == fault and root.layer == "4"
+    assert (every.first_failure.step, every.first_failure.layer) == (root.step, root.layer)

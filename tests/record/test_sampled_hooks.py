@@ -1,0 +1,176 @@
+"""Layer hooks on some steps only (`layer_hooks="sampled"`): on for the forwards of the
+steps that read them, off on the others; a step that went wrong is replayed, so a
+non-finite value is found at its own step and layer; the training is unchanged."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+import neuraldbg_nb as nd
+
+
+@pytest.fixture(autouse=True)
+def _sampled(monkeypatch):
+    monkeypatch.setenv("NEURALDBG_LAYER_HOOKS", "sampled")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2),
+                         nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _batches(n: int):
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(32, 10, generator=g), torch.randint(0, 4, (32,), generator=g))
+            for _ in range(n)]
+
+
+def _train(model, batches, *, edit=None, watch=None, seen=None):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for step, (x, y) in enumerate(batches):
+        if edit is not None:
+            edit(step, model)
+        if seen is not None:
+            seen.append(sum(len(m._forward_hooks) for m in model))
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_layer_hooks_are_on_only_for_the_steps_that_read_them():
+    model = _model()
+    seen: list[int] = []
+    with nd.watch(model, report=False) as run:
+        _train(model, _batches(30), seen=seen)
+    hooked = [s for s, n in enumerate(seen) if n > 0]
+    measured = np.flatnonzero(~np.isnan(run.trace.col("act_absmax")).all(1)).tolist()
+    assert hooked == measured  # a healthy run replays nothing
+    assert 0 < len(hooked) < 30 / 2
+    assert all(s % 4 == 0 or s % 10 == 0 or (s & (s - 1)) == 0 for s in hooked)
+    assert sum(len(m._forward_hooks) for m in model) == 0  # none left after the block
+    assert run.first_failure is None
+
+
+@pytest.mark.parametrize("at", [13, 21, 27])
+def test_a_nan_at_an_unhooked_step_is_found_at_its_step_and_layer(at):
+    def edit(step, model):
+        if step == at:
+            with torch.no_grad():
+                model[4].weight[3, 5] = math.nan
+
+    model = _model()
+    seen: list[int] = []
+    with nd.watch(model, report=False) as run:
+        _train(model, _batches(35), edit=edit, seen=seen)
+    assert seen[at] == 0  # the step's forward ran without layer hooks
+    ff = run.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (at, "4", "nonfinite_activation"), ff
+    cap = run.inspect(ff)
+    assert cap.step == at and not torch.isfinite(cap["output"]).all()
+
+
+def test_training_is_bit_identical_with_replays():
+    def edit(step, model):  # the loss and gradients jump at unhooked steps: replays
+        if step in (13, 22):
+            with torch.no_grad():
+                model[6].weight.mul_(30.0)
+
+    plain = _model()
+    losses = _train(plain, _batches(30), edit=edit)
+    rng = torch.get_rng_state()
+    watched = _model()
+    with nd.watch(watched, report=False) as run:
+        losses_w = _train(watched, _batches(30), edit=edit)
+    assert run.recorder.replays >= 2
+    assert losses == losses_w
+    assert torch.equal(rng, torch.get_rng_state())
+    for a, b in zip(plain.state_dict().values(), watched.state_dict().values()):
+        assert torch.equal(a, b)  # weights and BatchNorm's running statistics
+
+
+def test_the_global_module_hook_is_gone_once_the_models_are_known():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    later = nn.Sequential(nn.Linear(10, 8), nn.Tanh(), nn.Linear(8, 4))
+    opt_later = torch.optim.SGD(later.parameters(), lr=0.01)
+    before = len(nn_module._global_forward_pre_hooks)
+    hooks: list[int] = []
+    with nd.watch(report=False) as run:
+        for step, (x, y) in enumerate(_batches(12)):
+            net, o = (model, opt) if step < 6 else (later, opt_later)
+            loss = nn.functional.cross_entropy(net(x), y)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            hooks.append(len(nn_module._global_forward_pre_hooks) - before)
+    assert hooks[:6] == [0] * 6  # off from the first step boundary on
+    assert hooks[6] == 1  # an optimizer of weights of no model found: back for one forward
+    assert hooks[7:] == [0] * 5  # the later model found, off again
+    assert any(n.startswith("Sequential1") for n in run.trace.layer_names)
+    assert len(nn_module._global_forward_pre_hooks) == before
+
+
+def test_inputs_changed_in_place_after_the_forward_refuse_the_replay_with_a_note():
+    """A loop that reuses its input buffer in place after the forward: the step's
+    forward cannot be run again as it ran, so it is not replayed; the run says so once,
+    and the NaN is still found (from the next measured step on)."""
+    model = _model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with nd.watch(model, report=False) as run:
+        for step, (x, y) in enumerate(_batches(35)):
+            if step == 21:
+                with torch.no_grad():
+                    model[4].weight[3, 5] = math.nan
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            x.zero_()  # the buffer reused in place before the optimizer's step
+            opt.step()
+    assert run.recorder.replays == 0
+    said = [n for n in run.notes if "could not be replayed" in n]
+    assert len(said) == 1 and "in place" in said[0]
+    ff = run.first_failure
+    assert ff is not None and ff.step >= 21
+
+
+def test_a_weight_changed_outside_the_optimizer_is_replayed_at_its_step():
+    """A moderate edit (x1.5) at an unhooked step moves neither the loss nor a gradient
+    by the wake factor; the weight slice read before the update says it changed, and the
+    step's forward is replayed there. A healthy step is not."""
+    at = 13
+
+    def edit(step, model):
+        if step == at:
+            with torch.no_grad():
+                model[4].weight.mul_(1.5)
+
+    model = _model()
+    seen: list[int] = []
+    with nd.watch(model, report=False) as run:
+        _train(model, _batches(20), edit=edit, seen=seen)
+    act = run.trace.col("act_absmax")
+    assert seen[at] == 0 and seen[at - 2] == 0
+    assert not np.isnan(act[at]).all()  # replayed
+    assert np.isnan(act[at - 2]).all()  # a healthy unhooked step: not replayed
+    assert run.recorder.replays >= 1
+
+
+def test_edited_reads_moves_against_the_weights_norm():
+    from neuraldbg_nb.record.replay import edited
+
+    w = np.array([2.0, 3.0, np.nan])
+    assert not edited(np.array([0.0, 0.0, np.nan]), w)
+    assert not edited(np.array([0.01, 0.0, np.nan]), w)  # a small move: a clamp, a decay
+    assert edited(np.array([0.5, 0.0, np.nan]), w)
+    assert edited(np.array([np.inf, 0.0, np.nan]), w)
