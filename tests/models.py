@@ -199,3 +199,26 @@ def bias_of(model: nn.Module, name: str) -> nn.Parameter:
     if isinstance(m, nn.LSTM | nn.GRU):
         return m.bias_ih_l0
     return m.bias
+
+
+# -- GAN -----------------------------------------------------------------------------------
+
+@dataclass
+class Gan:
+    """A tiny GAN on 2-d points: a generator and a discriminator, each with its own Adam
+    (betas as GANs use them), and a generator of the real points' noise."""
+
+    G: nn.Module
+    D: nn.Module
+    opt_g: torch.optim.Optimizer
+    opt_d: torch.optim.Optimizer
+    gen: torch.Generator
+
+
+def gan(seed: int = 0) -> Gan:
+    torch.manual_seed(seed)
+    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    return Gan(G, D, torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999)),
+               torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999)),
+               torch.Generator().manual_seed(7))

@@ -57,6 +57,7 @@ class FrameworkWatch:
         self.stop(None)
         self._watch = watch(model, report=False, **self.options)
         self.run = self._watch.__enter__()
+        self.run.sum_losses()  # frameworks scale micro-batch losses; they log the sum
         self.new_events, self.error_seen = [], False
         self.run.subscribe(self._heard)
         return self.run

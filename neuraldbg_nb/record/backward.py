@@ -27,6 +27,9 @@ class Backwards:
         """The same checks for the other optimizers of the step (a GAN's second)."""
         self.total_heard = 0
         """Backwards heard since the watch began."""
+        self.accumulated = False
+        """The loop scales its losses for gradient accumulation (a framework does):
+        the step's loss is their sum (`step_row.loss`)."""
         self.new_step()
 
     def new_step(self) -> None:
@@ -70,7 +73,8 @@ class Backwards:
 
     def loss(self, v: list[float]) -> float:
         """After the transfer `v`: the step's loss (`step_row.loss`)."""
-        return step_row.loss(v, self._heard, self._logged, self._logged_host)
+        return step_row.loss(v, self._heard, self._logged, self._logged_host,
+                             self.accumulated)
 
     def carried(self, opt: torch.optim.Optimizer | None,
                 params: list[tuple[str, torch.nn.Parameter, int]], v: list[float]) -> float:

@@ -279,6 +279,11 @@ class Probe:
         """The step's loss, where it is not the tensor `backward()` is called on."""
         self._backwards.log_loss(value)
 
+    def sum_losses(self) -> None:
+        """The loop scales each backward's loss for gradient accumulation: a step's loss
+        is the sum of its backwards' (`step_row.loss`)."""
+        self._backwards.accumulated = True
+
     @guarded
     def log_input(self, batch: object) -> None:
         """The step's input batch, where the watched model is not called with it (a

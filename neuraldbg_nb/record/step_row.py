@@ -83,14 +83,21 @@ def rich_columns(rich: list[tuple[int, ...]], values: list[float],
         return {k: np.where(seen, c, np.nan).astype(np.float32) for k, c in cols.items()}
 
 
-def loss(v: list[float], heard: list[int], logged: list[int], logged_host: list[float]) -> float:
+def loss(v: list[float], heard: list[int], logged: list[int], logged_host: list[float],
+         accumulated: bool = False) -> float:
     """The step's loss: the mean of what `run.log_loss` was given where it was called,
-    else of the tensors `backward()` was called on (`heard`); inf where not finite."""
+    else of the tensors `backward()` was called on (`heard`); inf where not finite.
+    `accumulated`: the loop scales each backward's loss by 1 / (backwards per step), as
+    Lightning, transformers and accelerate do under gradient accumulation, so the step's
+    loss, the one they log, is the sum of the heard ones."""
     values = ([v[p] for p in logged] + logged_host) if (
         logged or logged_host) else [v[p] for p in heard]
     if not values:
         return math.nan
-    mean = float(sum(values) / len(values))  # np.mean: 60 us on a cold cache, this 1
+    total = float(sum(values))
+    if accumulated and not (logged or logged_host):
+        return total if math.isfinite(total) else math.inf
+    mean = total / len(values)  # np.mean: 60 us on a cold cache, this 1
     return mean if math.isfinite(mean) else math.inf
 
 

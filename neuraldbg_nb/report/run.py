@@ -64,6 +64,10 @@ class Recorder(Protocol):
         """The step's input batch, given by hand."""
         ...
 
+    def sum_losses(self) -> None:
+        """A step's loss is the sum of its backwards' losses."""
+        ...
+
 
 class TrainingFailure(RuntimeError):
     """Raised by `watch(..., stop_on="error")` at the first error; carries the run."""
@@ -253,6 +257,16 @@ class Run:
         if self.recorder is None or not self.recorder.attached:
             raise RuntimeError("run.log_input() is for use inside the `with watch(...)` block")
         self.recorder.log_input(batch)
+
+    def sum_losses(self) -> None:
+        """Record a step's loss as the sum of the losses its backwards were called on, not
+        their mean: for loops that scale each micro-batch's loss by 1 / (micro-batches per
+        step) for gradient accumulation, as Lightning, transformers and accelerate
+        (`accelerator.backward`) do; the sum is then the loss they log. The framework
+        callbacks call it; with a single backward per step both are the same."""
+        if self.recorder is None or not self.recorder.attached:
+            raise RuntimeError("run.sum_losses() is for use inside the `with watch(...)` block")
+        self.recorder.sum_losses()
 
     def subscribe(self, listener: Callable[[Run, list[Event]], None]) -> Callable[[], None]:
         """Call `listener(run, new_events)` after every recorded step; returns an

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from loops import assert_no_errors
+from models import gan
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -14,12 +15,8 @@ import neuraldbg_nb as ndbg
 
 def _gan(steps: int = 30, zero_g: bool = True, twice: bool = False,
          clear_before_step: bool = False):
-    torch.manual_seed(0)
-    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
-    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999))
-    gen = torch.Generator().manual_seed(7)
+    g = gan()
+    G, D, opt_g, opt_d, gen = g.G, g.D, g.opt_g, g.opt_d, g.gen
     bce = F.binary_cross_entropy_with_logits
     losses = []
     with ndbg.watch({"G": G, "D": D}, report=False) as run:

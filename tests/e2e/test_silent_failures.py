@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from loops import assert_no_errors, task_batches
+from models import gan
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -123,12 +124,8 @@ def test_a_gan_whose_generator_gets_the_discriminators_gradients_is_not_out_of_i
     """The discriminator's loss is taken on `G(z)` without `.detach()`: at the step's close
     (the discriminator's step, the first one) the generator holds gradients, and its own
     optimizer has not stepped yet. It is found holding them: no event."""
-    torch.manual_seed(0)
-    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
-    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999))
-    gen = torch.Generator().manual_seed(7)
+    g = gan()
+    G, D, opt_g, opt_d, gen = g.G, g.D, g.opt_g, g.opt_d, g.gen
     bce = F.binary_cross_entropy_with_logits
     with ndbg.watch({"G": G, "D": D}, report=False) as run:
         for _ in range(30):
@@ -216,12 +213,8 @@ def test_an_autoencoder_whose_latent_is_detached_is_cut_off_from_step_0():
 
 
 def _gan(detach_for_g: bool, steps: int = 30):
-    torch.manual_seed(0)
-    G = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-    D = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
-    opt_g = torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999))
-    opt_d = torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999))
-    gen = torch.Generator().manual_seed(7)
+    g = gan()
+    G, D, opt_g, opt_d, gen = g.G, g.D, g.opt_g, g.opt_d, g.gen
     bce = F.binary_cross_entropy_with_logits
     with ndbg.watch({"G": G, "D": D}, report=False) as run:
         for _ in range(steps):

@@ -194,3 +194,14 @@ class NanAt:
             x[3, 2] = float("nan")
         self.made += 1
         return {"x": x, "labels": torch.stack([r["labels"] for r in rows])}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_the_recorded_loss_is_the_loss_the_trainer_logs(tmp_path, accumulate):
+    cb = NeuralDbgCallback()
+    trainer = train([cb], tmp_path, steps=10, gradient_accumulation_steps=accumulate)
+    recorded = cb.run.trace.scalar("loss")
+    logged = losses(trainer)  # each the mean over a window of logging_steps=5 steps
+    assert len(logged) == 2
+    for window, value in zip((recorded[:5], recorded[5:]), logged):
+        assert float(window.mean()) == pytest.approx(value, rel=1e-5)

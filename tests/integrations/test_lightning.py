@@ -175,6 +175,15 @@ def test_steps_are_lightnings_optimizer_steps(kw):
     assert errors(cb.run) == []
 
 
+def test_under_accumulation_the_recorded_loss_is_the_mean_of_the_micro_batches():
+    cb = NeuralDbgCallback()
+    model, trainer = fit([cb], epochs=1, accumulate_grad_batches=2)
+    micro = torch.stack(model.losses).reshape(-1, 2).mean(dim=1)  # Lightning's logged loss
+    recorded = torch.from_numpy(cb.run.trace.scalar("loss")).float()
+    assert len(recorded) == trainer.global_step == len(micro)
+    assert torch.allclose(recorded, micro, rtol=1e-5)
+
+
 def test_manual_optimization_is_watched_step_by_step():
     cb = NeuralDbgCallback()
     _, trainer = fit([cb], scale_weights, manual=True)
