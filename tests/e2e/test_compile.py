@@ -33,7 +33,7 @@ def test_compiled_model_trains_and_says_what_it_cannot_watch(how):
     are not watched, and what the note says is watched must be recorded."""
     reason = _compile_works()
     if reason:
-        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+        pytest.skip(f"torch.compile cannot run in this environment: {reason}")
     torch._dynamo.reset()
     eager = mlp()
     eager_losses = setup_loop(eager, 20)
@@ -70,7 +70,7 @@ def test_compiled_model_trains_and_says_what_it_cannot_watch(how):
 def test_compiled_model_default_backend():
     reason = _compile_works()
     if reason:
-        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+        pytest.skip(f"torch.compile cannot run in this environment: {reason}")
     torch._dynamo.reset()
     eager_losses = setup_loop(mlp(), 20)
     setup = mlp()
@@ -90,7 +90,7 @@ def test_compiled_model_default_backend():
 def test_compiled_model_bad_batch_is_found(how):
     reason = _compile_works()
     if reason:
-        pytest.skip(f"torch.compile cannot run on this machine: {reason}")
+        pytest.skip(f"torch.compile cannot run in this environment: {reason}")
     torch._dynamo.reset()
     setup = mlp()
     if how == "model.compile()":

@@ -11,8 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-accelerate = pytest.importorskip("accelerate")
-
 import neuraldbg_nb as ndbg
 
 FAULT = 15

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -112,7 +110,6 @@ def test_a_learning_rate_raised_1000x_is_named_at_its_step(tmp_path):
 
 
 def test_stop_on_error_ends_training_and_the_logs_say_why(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cb = NeuralDbgCallback(stop_on="error")

@@ -13,11 +13,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch import nn
 
-pl = pytest.importorskip("lightning.pytorch")
 from neuraldbg_nb.integrations.lightning import NeuralDbgCallback
 
 HERE = Path(__file__).resolve().parent
@@ -192,7 +192,6 @@ def test_manual_optimization_is_watched_step_by_step():
 
 
 def test_the_first_failure_and_counts_reach_the_loggers_and_the_log_folder(tmp_path):
-    pytest.importorskip("tensorboard")
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -21,7 +21,6 @@ from models import mlp, train
 
 import neuraldbg_nb as ndbg
 
-pytest.importorskip("anywidget")
 WIDGET = "application/vnd.jupyter.widget-view+json"
 PROJECT = Path(__file__).resolve().parents[2]
 KERNEL = "python3"
@@ -122,8 +121,8 @@ class _Text(HTMLParser):
 
 @pytest.mark.slow
 def test_an_executed_notebook_exports_the_first_failure(tmp_path, kernel_env) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    import nbclient
+    import nbformat
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
     # saved as JupyterLab saves by default: without the widgets' state, which only a kernel
@@ -183,7 +182,7 @@ def test_jupyterlab_shows_the_panel_alone_then_the_diagnosis_after_a_restart(tmp
     missing = missing_requirements(LAB)
     if missing or not os.access(chromium, os.X_OK):
         pytest.fail(f"the browser test needs: {missing or chromium}", pytrace=False)
-    nbformat = pytest.importorskip("nbformat")
+    import nbformat
     from playwright.sync_api import expect, sync_playwright
 
     server = launch_server(tmp_path)

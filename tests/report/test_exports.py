@@ -29,7 +29,6 @@ def broken_run() -> ndbg.Run:
 
 
 def test_to_tensorboard_writes_the_events_at_their_steps(tmp_path):
-    pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = broken_run()
@@ -51,7 +50,6 @@ def test_to_tensorboard_writes_the_events_at_their_steps(tmp_path):
 
 
 def test_to_tensorboard_takes_a_writer_of_the_users(tmp_path):
-    pytest.importorskip("tensorboard")
     from torch.utils.tensorboard import SummaryWriter
 
     run = broken_run()
@@ -62,7 +60,8 @@ def test_to_tensorboard_takes_a_writer_of_the_users(tmp_path):
 
 
 def test_to_wandb_logs_a_table_and_the_first_failure_offline(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
+    import wandb
+
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -76,7 +75,8 @@ def test_to_wandb_logs_a_table_and_the_first_failure_offline(tmp_path, monkeypat
 
 
 def test_to_wandb_without_a_run_says_what_to_do():
-    wandb = pytest.importorskip("wandb")
+    import wandb
+
     if wandb.run is not None:
         pytest.skip("a W&B run is active in this process")
     with pytest.raises(RuntimeError, match="wandb.init"):
