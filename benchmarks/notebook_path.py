@@ -50,11 +50,16 @@ import overhead  # the script models, the header and the table format
 NOTEBOOK_MODELS = {"cnn": "CNN on digits", "mlp121": "MLP 121 layers"}
 SCRIPT_MODELS = ("mlp", "cnn", "transformer")
 CELL_VARIANTS = {"plain": "plain", "control": "plain vs plain (control)",
-                 "no_panel": "%%neuraldbg --no-panel", "panel": "%%neuraldbg (live panel)"}
+                 "no_panel": "%%neuraldbg --no-panel", "panel": "%%neuraldbg (live panel)",
+                 "floor": "floor: %%neuraldbg --no-panel --no-activations"}
 MAGIC = {"plain": "", "control": "", "no_panel": "%%neuraldbg --no-panel\n",
-         "panel": "%%neuraldbg\n"}
+         "panel": "%%neuraldbg\n", "floor": "%%neuraldbg --no-panel --no-activations\n"}
 SCRIPT_VARIANTS = {"plain": "plain", "control": "plain vs plain (control)",
-                   "watch": "watch(model), default"}
+                   "watch": "watch(model), default",
+                   "floor": "floor: watch(model, activations=False)"}
+"""The floor variants do the every-step work alone (gradients, weights, the loss, the
+input, detection), no layer hook at any step: what no sampling of the layer hooks can go
+under."""
 
 SETUP = r'''
 import json, time
@@ -106,7 +111,7 @@ def layer_calls(model):
 
 
 LAYER_CALLS = {k: layer_calls(f()) for k, f in MAKE.items()}
-CELLS, MARKS, LOSSES, PANELS = [], [], [], []
+CELLS, MARKS, LOSSES, PANELS, SAID, SELF = [], [], [], [], {}, []
 _started = []
 
 
@@ -118,6 +123,13 @@ def _post(*args):
     if not _started:  # the cell that registered the hooks
         return
     CELLS.append(time.perf_counter() - _started.pop())
+    import neuraldbg_nb
+    run = neuraldbg_nb.last_run()
+    if run is not None and id(run) not in SAID.values():  # the cell's own run: its self-report
+        said = run.overhead
+        SAID[len(CELLS) - 1] = id(run)
+        if said is not None:
+            SELF.append([len(CELLS) - 1, said.fraction])
     from ipywidgets.widgets.widget import _instances
     from neuraldbg_nb.notebook.panel import Panel
     panels = [w for w in list(_instances.values()) if isinstance(w, Panel)]
@@ -147,7 +159,8 @@ LOSSES.append(loss.item())
 '''
 
 REPORT = '''print("RESULTS " + json.dumps({"cells": CELLS, "marks": MARKS, "losses": LOSSES,
-                                  "panels": PANELS, "layer_calls": LAYER_CALLS}))'''
+                                  "panels": PANELS, "layer_calls": LAYER_CALLS,
+                                  "said": SELF}))'''
 
 
 @contextlib.contextmanager
@@ -197,12 +210,14 @@ def run_notebook(models: list[str], modes: dict[str, int], rounds: int, warmup: 
     n_warm = len(warm)  # the first cells timed; the setup cell is not
     panels = {cell: (updates, full, header, secs) for cell, updates, full, header, secs
               in got["panels"]}
+    said = dict(got["said"])  # cell -> the run's own estimate of its cost (`run.overhead`)
     records = []
     for i, (r, m, mode, v) in enumerate(order):
         k = n_warm + i
         records.append({"round": r, "model": m, "mode": mode, "variant": v,
                         "cell": got["cells"][k], "marks": got["marks"][k],
-                        "loss": got["losses"][k], "panel": panels.get(k)})
+                        "loss": got["losses"][k], "panel": panels.get(k),
+                        "said": said.get(k)})
     return records, got["layer_calls"]
 
 
@@ -227,16 +242,20 @@ def run_script(models: list[str], modes: dict[str, int], rounds: int, warmup: in
     calls = {m: leaf_calls(overhead.fresh(m).model, overhead.fresh(m).batches[0][0])
              for m in models}
 
-    def block(key: str, variant: str, steps: int) -> tuple[float, list[float], float]:
+    def block(key: str, variant: str, steps: int
+              ) -> tuple[float, list[float], float, float | None]:
         b = overhead.fresh(key)
         marks: list[float] = []
         t0 = time.perf_counter()
-        with (neuraldbg_nb.watch(b.model, report=False) if variant == "watch"
-              else contextlib.nullcontext()):
+        with (neuraldbg_nb.watch(b.model, report=False) if variant == "watch" else
+              neuraldbg_nb.watch(b.model, report=False, activations=False)
+              if variant == "floor" else contextlib.nullcontext()) as run:
             for _ in range(steps):
                 loss = overhead.step(b)
                 marks.append(time.perf_counter())
-        return time.perf_counter() - t0, marks, loss.item()
+        took = time.perf_counter() - t0
+        said = run.overhead if run is not None else None
+        return took, marks, loss.item(), said.fraction if said is not None else None
 
     for m in models:
         for v in SCRIPT_VARIANTS:
@@ -244,9 +263,9 @@ def run_script(models: list[str], modes: dict[str, int], rounds: int, warmup: in
                 block(m, v, 10)
     records = []
     for r, m, mode, v in plan(models, modes, rounds, list(SCRIPT_VARIANTS)):
-        cell, marks, loss = block(m, v, modes[mode])
+        cell, marks, loss, said = block(m, v, modes[mode])
         records.append({"round": r, "model": m, "mode": mode, "variant": v, "cell": cell,
-                        "marks": marks, "loss": loss, "panel": None})
+                        "marks": marks, "loss": loss, "panel": None, "said": said})
     return records, calls
 
 
@@ -302,6 +321,13 @@ def table(records: list[dict[str, Any]], titles: dict[str, str], variants: dict[
                 base = per_round(m, "plain", lambda r: r["cell"])
                 cells.append(f"{statistics.median(got[r] / base[r] for r in got):.2f}")
             rows.append([f"{variants[v]}: whole cell, ratio"] + cells)
+    for v in watched:  # what the run says it cost, beside what it cost
+        said = {m: [r["said"] for r in records if r["model"] == m and r["variant"] == v
+                    and r["mode"] == mode and r.get("said") is not None] for m in models}
+        if any(said.values()):
+            rows.append([f"{variants[v]}: its self-report (run.overhead), median"] +
+                        [f"+{statistics.median(said[m]):.1%}" if said[m] else "n/a"
+                         for m in models])
     panel = [r for r in records if r["panel"] is not None and r["mode"] == mode]
     if panel:
         cells = []

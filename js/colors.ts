@@ -1,9 +1,13 @@
 /**
- * Colors of the map's cell states (panel.css repeats them for the legend-like parts).
+ * Colors of the map's cell states and the severities, light and dark. Their one home is
+ * neuraldbg_nb/report/palette.json: the canvas reads it here, the panel's CSS variables are
+ * made from it (`paletteCss`), and the static copy of the diagnosis (report/static.py) reads
+ * the same file, so a severity has one color wherever it is drawn.
  * Color-blind friendly: the states differ in hue *and* lightness (teal, amber, magenta;
  * after Okabe-Ito and ColorBrewer PiYG), so they stay apart under deuteranopia and in grey
  * scale (both checked in js/__tests__/colors.test.ts).
  */
+import palettes from "../neuraldbg_nb/report/palette.json";
 import { CellState, LITTLE_ENDIAN_HOST } from "./model";
 
 export type Rgb = readonly [number, number, number];
@@ -11,25 +15,45 @@ export type Rgb = readonly [number, number, number];
 export interface Palette {
   /** Indexed by CellState: no data, healthy, warning, error. */
   states: readonly [string, string, string, string];
+  /** Events that are neither warnings nor errors. */
+  info: string;
   /** Markers and the hover frame: contrasts with every state color. */
   ink: string;
   /** The frame around the selected cell (the accent the feed's selection uses). */
   select: string;
 }
 
+function palette(p: { states: string[]; info: string; ink: string; select: string }): Palette {
+  const [nodata, healthy, warning, error] = p.states;
+  if (error === undefined || nodata === undefined || healthy === undefined || warning === undefined) {
+    throw new Error("palette.json: a theme needs four state colors");
+  }
+  return { states: [nodata, healthy, warning, error], info: p.info, ink: p.ink, select: p.select };
+}
+
 // Healthy is the calm majority, so it is pale (light theme) or dim (dark theme); warnings
 // and errors stand out from it.
-export const LIGHT: Palette = {
-  states: ["#ebebeb", "#8fcabc", "#e69f00", "#b3176f"],
-  ink: "#1a1a1a",
-  select: "#1976d2",
-};
+export const LIGHT: Palette = palette(palettes.light);
+export const DARK: Palette = palette(palettes.dark);
 
-export const DARK: Palette = {
-  states: ["#3a3a3a", "#3b7a6e", "#e6a100", "#f06bb4"],
-  ink: "#f2f2f2",
-  select: "#64b5f6",
-};
+function cssVars(p: Palette): string {
+  return (
+    `--ndbg-nodata: ${p.states[CellState.NoData]}; --ndbg-healthy: ${p.states[CellState.Healthy]}; ` +
+    `--ndbg-warning: ${p.states[CellState.Warning]}; --ndbg-error: ${p.states[CellState.Error]}; ` +
+    `--ndbg-info: ${p.info};`
+  );
+}
+
+/**
+ * The panel's state and severity CSS variables, light and dark, made from the palette; the
+ * badges keep the light error color in both themes (white text on it). panel.css uses them.
+ */
+export function paletteCss(): string {
+  return (
+    `.ndbg-panel { ${cssVars(LIGHT)} --ndbg-error-badge: ${LIGHT.states[CellState.Error]}; }\n` +
+    `body[data-jp-theme-light="false"] .ndbg-panel, body.vscode-dark .ndbg-panel { ${cssVars(DARK)} }\n`
+  );
+}
 
 export const STATE_NAMES = ["no data", "healthy", "warning", "error"] as const;
 

@@ -54,6 +54,23 @@ export interface HeatmapOptions {
   requestDraw(): void;
 }
 
+/**
+ * Where this run parts from its baseline, on the map: the parting cell (row -1: the loss,
+ * which has no row, so the whole column), or null without a parting in the map's range.
+ */
+export function partingCell(s: Pick<Snapshot, "baseline" | "mapSteps" | "mapCols" | "layers">): Cell | null {
+  const b = s.baseline;
+  if (!b || b.step === null) return null;
+  const col = bucketOf(b.step, s.mapSteps[0], s.mapSteps[1], s.mapCols);
+  if (col < 0) return null;
+  const row = b.layer === null ? -1 : s.layers.indexOf(b.layer);
+  if (b.layer !== null && row < 0) return null;
+  return { row, col };
+}
+
+/** The dash of the parting frame (CSS px): apart from the hover and selection frames. */
+export const PARTING_DASH: readonly number[] = [3, 2];
+
 /** Paint `map` (state bytes) into `out` (packed pixels) through `lut`; missing cells are state 0. */
 export function fillCells(map: Uint8Array, lut: Uint32Array, out: Uint32Array): void {
   const n = Math.min(map.length, out.length);
@@ -330,6 +347,20 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
         marks++;
       }
       if (marks > 0) ctx.fill();
+      // Where the run parts from its baseline: a dashed frame (the loss: the whole column).
+      const part = partingCell(snap);
+      if (part) {
+        ctx.strokeStyle = palette.ink;
+        ctx.setLineDash(PARTING_DASH as number[]);
+        if (part.row >= 0) {
+          frame(ctx, part, firstY, cellW, width, height, 2);
+        } else {
+          const [x0, x1] = cellSpan(part.col, part.col + 1, cellW, width);
+          ctx.lineWidth = 2;
+          ctx.strokeRect(x0, 1, x1 - x0, Math.max(height - 2, 1));
+        }
+        ctx.setLineDash([]);
+      }
       // Hover, then selection: frames outside the cell, never over it.
       if (hover && hover.row < r && hover.col < c) {
         ctx.strokeStyle = palette.ink;
@@ -375,6 +406,10 @@ export function createHeatmap(parent: HTMLElement, options: HeatmapOptions): Hea
       if (m.row === cell.row && bucketOf(m.step, start, stop, s.mapCols) === cell.col) {
         out.push(line(`ndbg-tooltip-marker ndbg-sev-${m.severity}`, `\u25bc ${m.kind} at step ${m.step}`));
       }
+    }
+    const part = partingCell(s);
+    if (s.baseline && part && part.col === cell.col && (part.row === -1 || part.row === cell.row)) {
+      out.push(line("ndbg-tooltip-parting", `parts from ${s.baseline.name} at step ${s.baseline.step}`));
     }
     return out;
   }

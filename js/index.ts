@@ -1,26 +1,29 @@
 /**
  * The neuraldbg panel (anywidget front end). Wires the model to the views: a trait change
  * marks the trait dirty, and one requestAnimationFrame callback per frame updates only the
- * views that read it. Writes to Python go through the one debounced sync helper.
+ * views that read it. Writes to Python go through the one debounced sync helper; the
+ * requests among them (a click, a slider) wait for Python's answer a bounded time, and a
+ * kernel that is gone is said so (`requests`).
  */
 import type { RenderProps } from "@anywidget/types";
+import { createBaseline } from "./baseline";
 import { pickStep, stepRange } from "./bucketing";
 import { createFeed } from "./feed";
 import { createHeader } from "./header";
+import { paletteCss } from "./colors";
 import { createHeatmap, type Cell } from "./heatmap";
 import { createInspector } from "./inspector";
 import { snapshot, TRAITS, type PanelTraits, type Clicked, type Thresholds, type TraitName } from "./model";
 import css from "./panel.css";
+import { createRequests, KERNEL_GONE, managerKernelGone, NO_ANSWER, type RequestKind } from "./requests";
 import { createSliders } from "./sliders";
 import { createPythonSync } from "./sync";
 
 /** Traits whose change means Python answered a thresholds change. */
 const RECLASSIFIED: ReadonlySet<TraitName> = new Set<TraitName>(["events", "map", "markers", "first_failure", "likely_causes", "message"]);
-/** Stop showing "reclassifying..." after this long without an answer. */
-export const RECLASSIFY_TIMEOUT_MS = 10_000;
 
 const HEADER: readonly TraitName[] = ["status", "step", "loss", "cost", "cost_detail", "notes"];
-const MAP: readonly TraitName[] = ["layers", "map", "map_cols", "map_steps", "map_values", "map_act", "markers", "selected"];
+const MAP: readonly TraitName[] = ["layers", "map", "map_cols", "map_steps", "map_values", "map_act", "markers", "selected", "baseline"];
 const FEED: readonly TraitName[] = ["events", "first_failure", "likely_causes", "selected", "status"];
 
 function touches(changed: ReadonlySet<TraitName>, traits: readonly TraitName[]): boolean {
@@ -31,11 +34,38 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
   const root = document.createElement("div");
   root.className = "ndbg-panel";
   const style = document.createElement("style");
-  style.textContent = css;
+  style.textContent = paletteCss() + css;
   root.appendChild(style);
   el.appendChild(root);
 
-  const sync = createPythonSync(model);
+  const alert = document.createElement("div");
+  alert.className = "ndbg-alert";
+  alert.setAttribute("role", "alert");
+  alert.hidden = true;
+  function say(text: string): void {
+    alert.textContent = text;
+    alert.hidden = text === "";
+  }
+  const requests = createRequests(model, {
+    timed: () => (model.get("status") ?? "training") !== "training",
+    kernelGone: () => managerKernelGone(model),
+    onTimeout(kind: RequestKind) {
+      say(requests.gone ? KERNEL_GONE : NO_ANSWER);
+      if (kind === "selected") inspector.fail(requests.gone ? "the kernel is gone" : "no answer from the kernel");
+      else setReclassifying(false);
+    },
+    onAnswer() {
+      if (alert.textContent === NO_ANSWER && !requests.pending("selected") && !requests.pending("thresholds")) say("");
+    },
+    onGone() {
+      root.classList.add("ndbg-gone");
+      root.dataset.kernel = "gone";
+      say(KERNEL_GONE);
+      if (inspector.waiting) inspector.fail("the kernel is gone");
+      setReclassifying(false);
+    },
+  });
+  const sync = createPythonSync(model, undefined, requests.send);
   const first = snapshot(model);
   /** Traits changed since the last frame; the map also repaints on scroll, hover, resize. */
   const dirty = new Set<TraitName>();
@@ -48,6 +78,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
   let shownStatus: string | null = null;
 
   const header = createHeader(root);
+  root.appendChild(alert);
   const message = document.createElement("div");
   message.className = "ndbg-message";
   root.appendChild(message);
@@ -57,11 +88,17 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
     // The trait may not change (same layer and step as before), so repaint the feed anyway.
     feedDirty = true;
     inspector.expect(next.selection);
+    if (inspector.waiting) requests.ask("selected");
     sync.set("selected", next.selection);
     sync.flush(); // a click is one act: ask Python at once (the debounce is for sliders)
     schedule();
   }
 
+  const baseline = createBaseline(root, {
+    onSelect(selection) {
+      select({ kind: "event", where: "feed", id: -1, event: { layer: selection.layer, step: selection.step, kind: "parting" }, selection });
+    },
+  });
   const heatmap = createHeatmap(root, {
     onCellClick(cell: Cell) {
       const s = snapshot(model);
@@ -87,10 +124,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
   const feed = createFeed(root, { onSelect: select });
 
   let reclassifying = false;
-  let reclassifyTimer: ReturnType<typeof setTimeout> | undefined;
   function setReclassifying(on: boolean): void {
-    if (reclassifyTimer !== undefined) clearTimeout(reclassifyTimer);
-    reclassifyTimer = on ? setTimeout(() => setReclassifying(false), RECLASSIFY_TIMEOUT_MS) : undefined;
     reclassifying = on;
     sliders.setBusy(on);
     root.dataset.reclassifying = String(on);
@@ -98,6 +132,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
   const sliders = createSliders(root, first.sliders, first.thresholds, {
     onChange(thresholds: Thresholds) {
       setReclassifying(true);
+      requests.ask("thresholds");
       sync.set("thresholds", thresholds);
     },
   });
@@ -129,6 +164,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
     } else if ((ended || changed.has("first_failure")) && s.firstFailure?.layer != null && !s.selected) {
       heatmap.revealRow(s.layers.indexOf(s.firstFailure.layer));
     }
+    if (changed.has("baseline")) baseline.update(s.baseline);
     if (changed.has("inspector_html")) inspector.setHtml(s.inspectorHtml, s.selected);
     if (feedDirty || touches(changed, FEED)) {
       feedDirty = false;
@@ -143,7 +179,11 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
 
   const listeners = TRAITS.map((name) => {
     const handler = (): void => {
-      if (reclassifying && RECLASSIFIED.has(name)) setReclassifying(false);
+      if (reclassifying && RECLASSIFIED.has(name)) {
+        setReclassifying(false);
+        requests.answer("thresholds");
+      }
+      if (name === "inspector_html") requests.answer("selected");
       dirty.add(name);
       schedule();
     };
@@ -169,7 +209,7 @@ function render({ model, el }: Pick<RenderProps<PanelTraits>, "model" | "el">): 
   return () => {
     for (const [name, handler] of listeners) model.off(`change:${name}`, handler);
     if (frame !== null) cancelAnimationFrame(frame);
-    if (reclassifyTimer !== undefined) clearTimeout(reclassifyTimer);
+    requests.dispose();
     themeWatch?.disconnect();
     heatmap.dispose();
     sync.dispose();

@@ -12,6 +12,10 @@ export interface InspectorView {
   setHtml(html: string, selection: Selection | null): void;
   /** The user asked for `selection`: open it, waiting for Python unless its HTML is here. */
   expect(selection: Selection): void;
+  /** Is it waiting for Python's HTML? */
+  readonly waiting: boolean;
+  /** Python did not answer: stop waiting and say `why` in the bar. */
+  fail(why: string): void;
 }
 
 export interface InspectorOptions {
@@ -48,19 +52,22 @@ export function createInspector(parent: HTMLElement, options: InspectorOptions):
   let htmlFor: Selection | null = null;
   let open = false;
   let waiting = false;
+  let failed = "";
 
   function refresh(): void {
-    root.hidden = !open || (!waiting && html === "");
+    root.hidden = !open || (!waiting && failed === "" && html === "");
     root.classList.toggle("ndbg-waiting", waiting);
     // Nothing to show yet (the first click): the bar alone says it is waiting.
     body.hidden = html === "";
     root.classList.toggle("ndbg-inspector-empty", html === "");
-    status.textContent = waiting ? "waiting for the kernel\u2026" : "";
+    root.classList.toggle("ndbg-inspector-failed", failed !== "");
+    status.textContent = waiting ? "waiting for the kernel\u2026" : failed;
   }
 
   close.addEventListener("click", () => {
     open = false;
     waiting = false;
+    failed = "";
     refresh();
     options.onClose();
   });
@@ -73,13 +80,24 @@ export function createInspector(parent: HTMLElement, options: InspectorOptions):
       body.innerHTML = next;
       open = next !== "";
       waiting = false;
+      failed = "";
       title.textContent = selection ? selectionLabel(selection) : "";
       refresh();
     },
     expect(selection) {
       open = true;
       waiting = !(html !== "" && htmlFor !== null && isSelected(selection, htmlFor));
+      failed = "";
       title.textContent = selectionLabel(selection);
+      refresh();
+    },
+    get waiting() {
+      return waiting;
+    },
+    fail(why) {
+      if (!open) return;
+      waiting = false;
+      failed = why;
       refresh();
     },
   };

@@ -35,6 +35,34 @@ export interface PanelEvent extends FirstFailure {
   symptom_of: number | null;
 }
 
+/** An event one run has and the other lacks (the first of its kind and layer). */
+export interface OnlyEvent {
+  step: number;
+  layer: string | null;
+  kind: string;
+  severity: Severity;
+  message: string;
+}
+
+/** Where this run parts from a baseline run (`panel_state.baseline`). */
+export interface Baseline {
+  /** The baseline's name (its file, or "the baseline"). */
+  name: string;
+  /** The one-line sentence: where they part, or that they do not. */
+  sentence: string;
+  /** The parting step; null where they do not part. */
+  step: number | null;
+  /** The parting layer; null for the loss (or no parting). */
+  layer: string | null;
+  quantity: string | null;
+  /** The parting layer's row on this run's map; -1 for none. */
+  row: number;
+  /** Warnings and errors this run has and the baseline lacks. */
+  only_run: OnlyEvent[];
+  /** ...and those the baseline has and this run lacks. */
+  only_baseline: OnlyEvent[];
+}
+
 /** Threshold values by setting name (neuraldbg_nb.Thresholds fields): those with a slider. */
 export type Thresholds = Record<string, number>;
 
@@ -178,6 +206,8 @@ export interface PanelTraits {
   cost_detail: string;
   /** What the run could not watch, or stopped watching (run.notes, less the budget note). */
   notes: string[];
+  /** Where this run parts from a baseline run; null without one. */
+  baseline: Baseline | null;
 }
 
 export type PanelModel = AnyModel<PanelTraits>;
@@ -205,6 +235,7 @@ export const TRAITS: readonly TraitName[] = [
   "cost",
   "cost_detail",
   "notes",
+  "baseline",
 ];
 
 /** Byte order of typed arrays on this machine (ImageData pixels, float32 views). */
@@ -256,6 +287,7 @@ export interface Snapshot {
   cost: string;
   costDetail: string;
   notes: string[];
+  baseline: Baseline | null;
 }
 
 /** The sliders' defaults: what they show until Python sends `thresholds`. */
@@ -294,5 +326,6 @@ export function snapshot(model: PanelModel): Snapshot {
     cost: model.get("cost") ?? "",
     costDetail: model.get("cost_detail") ?? "",
     notes: model.get("notes") ?? [],
+    baseline: model.get("baseline") ?? null,
   };
 }

@@ -14,7 +14,15 @@ export interface PythonSync {
 
 export const SAVE_DEBOUNCE_MS = 150;
 
-export function createPythonSync(model: PanelModel, delayMs = SAVE_DEBOUNCE_MS): PythonSync {
+/**
+ * `send` wraps each `save_changes()` (default: call it): the panel passes its `Requests.send`,
+ * so a send to a kernel that is gone marks it gone instead of throwing from a timer.
+ */
+export function createPythonSync(
+  model: PanelModel,
+  delayMs = SAVE_DEBOUNCE_MS,
+  send: (save: () => void) => void = (save) => save(),
+): PythonSync {
   let timer: ReturnType<typeof setTimeout> | undefined;
   let pending = false;
 
@@ -23,7 +31,7 @@ export function createPythonSync(model: PanelModel, delayMs = SAVE_DEBOUNCE_MS):
     timer = undefined;
     if (!pending) return;
     pending = false;
-    model.save_changes();
+    send(() => model.save_changes());
   }
 
   return {

@@ -285,3 +285,44 @@ def _wait_until_serving(server: Server, timeout: float) -> None:
             raise TimeoutError(f"The Jupyter server did not serve on port {server.port} "
                                f"within {timeout:.0f} s:\n{server.log()[-4000:]}")
         time.sleep(0.25)
+
+
+def write_notebook(path: Path, sources: list[str]) -> None:
+    """A notebook of code cells with these sources, no outputs, for this interpreter's
+    kernel (`python3`: the kernelspec the server's data dir holds)."""
+    cells = [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {},
+              "outputs": [], "source": src} for i, src in enumerate(sources)]
+    path.write_text(json.dumps({
+        "cells": cells, "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
+                                    "language": "python", "name": "python3"},
+                     "language_info": {"name": "python"}}}, indent=1))
+
+
+TWO_RUNS_SETUP = """\
+import neuraldbg_nb as ndbg
+import torch
+from torch import nn
+torch.set_num_threads(1)
+
+def recipe(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 4))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+g = torch.Generator().manual_seed(0)
+X, Y = torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g)
+
+def train(model, opt, fault_at=None):
+    for step in range(60):
+        if step == fault_at:
+            with torch.no_grad():
+                model[2].weight.mul_(1000)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X[step % 8::8]), Y[step % 8::8]).backward()
+        opt.step()
+print("READY")"""
+"""The setup cell of the notebooks that train a recipe healthy and broken: `recipe(seed)`
+makes a five-layer MLP and its Adam; `train(model, opt, fault_at)` trains 60 steps, layer
+"2"'s weights multiplied by 1000 in place at `fault_at`."""

@@ -222,3 +222,10 @@ def gan(seed: int = 0) -> Gan:
     return Gan(G, D, torch.optim.Adam(G.parameters(), lr=1e-3, betas=(0.5, 0.999)),
                torch.optim.Adam(D.parameters(), lr=1e-3, betas=(0.5, 0.999)),
                torch.Generator().manual_seed(7))
+
+
+def measured(run, column: str = "act_absmax"):
+    """The activation column `column` at the steps whose layer hooks were on (hooked, or
+    replayed: the trace's `hooked` scalar), the only steps where it is measured under the
+    default sampled hooks."""
+    return run.trace.col(column)[run.trace.scalar("hooked") == 1]

@@ -56,6 +56,11 @@ export class FakeModel {
 
   send(): void {}
 
+  /** An event from the widget manager or Python (`msg:custom`, `comm_live_update`, `destroy`). */
+  emit(name: string, ...args: unknown[]): void {
+    for (const h of this.handlers.get(name) ?? []) h(...args);
+  }
+
   listenerCount(): number {
     let n = 0;
     for (const set of this.handlers.values()) n += set.size;

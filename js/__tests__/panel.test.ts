@@ -1,6 +1,7 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import * as panelModule from "../index";
-import widget, { RECLASSIFY_TIMEOUT_MS } from "../index";
+import widget from "../index";
+import { REQUEST_TIMEOUT_MS } from "../requests";
 import { ROW_HEIGHT } from "../heatmap";
 import type { PanelEvent, PanelTraits } from "../model";
 import { SAVE_DEBOUNCE_MS } from "../sync";
@@ -43,6 +44,7 @@ function traits(): PanelTraits {
     cost: "watching +1.0 ms/step (+3.1%)",
     cost_detail: "neuraldbg's own time: 1.02 ms a step, +3.1% on the loop's 33.0 ms (last 256 steps; layer hooks 0.30 ms, full statistics 0.10 ms).",
     notes: [],
+    baseline: null,
   };
 }
 
@@ -281,7 +283,7 @@ describe("render", () => {
     input.value = "0";
     input.dispatchEvent(new Event("change"));
     expect($(".ndbg-reclassifying").hidden).toBe(false);
-    vi.advanceTimersByTime(RECLASSIFY_TIMEOUT_MS);
+    vi.advanceTimersByTime(REQUEST_TIMEOUT_MS);
     expect($(".ndbg-reclassifying").hidden).toBe(true);
   });
 
@@ -358,7 +360,7 @@ describe("render", () => {
     mount({
       layers: [], step: 0, status: "training", loss: null, map: null, map_cols: 0, map_steps: [0, 0],
       map_values: null, map_act: null, markers: [], first_failure: null, events: [], message: "",
-      cost: "", cost_detail: "", notes: [],
+      cost: "", cost_detail: "", notes: [], baseline: null,
     });
     expect($(".ndbg-feed-empty").textContent).toBe("no events yet");
     expect($(".ndbg-notes").hidden).toBe(true);

@@ -14,7 +14,7 @@ function snap(over: Partial<Snapshot>): Snapshot {
     layers: ["a", "b"], status: "finished", step: 10, loss: new Float32Array(), map: new Uint8Array(), mapCols: 0,
     mapSteps: [0, 10], mapValues: new Float32Array(), mapAct: new Float32Array(), markers: [], firstFailure: null,
     likelyCauses: [], events: [], thresholds: { ...DEFAULTS }, sliders: [...SLIDER_SPECS], selected: null,
-    inspectorHtml: "", message: "", cost: "", costDetail: "", notes: [], ...over,
+    inspectorHtml: "", message: "", cost: "", costDetail: "", notes: [], baseline: null, ...over,
   };
 }
 

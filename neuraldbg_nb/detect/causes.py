@@ -13,10 +13,14 @@ blame, since they are someone's deliberate change rather than a failure:
   was below `max_update`: `updates.findings`): weights scaled in place make the layer's
   activations jump, and the jump is the first failure while the edit is only a symptom;
 - those weights lost most of their size in one update (signal "collapse"): zeroed or reset
-  in place, which no optimizer's update does.
+  in place, which no optimizer's update does;
+- an update that exploded applied the same step's exploding gradient at a learning rate
+  that did not move: the gradient is what failed ("gradient");
+- early in the run, the first step's gradients grow by a steady factor per layer toward
+  the input (`growth`): the initialisation amplifies the backward signal ("init").
 
-Pure functions of the events and the thresholds, so a live run, a re-classified one and a
-saved and loaded one give the same causes.
+Pure functions of the events, the thresholds and the trace's first step, so a live run, a
+re-classified one and a saved and loaded one give the same causes.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..trace.columns import Trace
 from .events import Event
+from .growth import growth
 from .thresholds import Thresholds
+
+_GRADIENT = ("exploding_gradient", "nonfinite_gradient")
 
 
 @dataclass(frozen=True)
@@ -34,17 +42,20 @@ class Cause:
 
     kind: str
     """"lr_change" (the learning rate moved), "edited" (weights changed outside the
-    optimizer) or "reset" (weights lost most of their size in one update)."""
+    optimizer), "reset" (weights lost most of their size in one update), "gradient" (the
+    update applied an exploding gradient) or "init" (gradients grow per layer toward the
+    input from the first step)."""
     step: int
     """The step it happened during."""
     layer: str | None
     """The layer whose weights changed; None for a learning rate."""
     value: float
-    """The learning rate after the move, or the weights' change (a factor of their size)
-    or norm after the update."""
+    """The learning rate after the move, the weights' change (a factor of their size) or
+    norm after the update, the gradient's norm, or the per-layer growth factor."""
     previous: float
     """The learning rate before the move, the optimizer's own update (a factor of the
-    weights' size), or the weights' norm before the update."""
+    weights' size), the weights' norm before the update, the learning rate the gradient
+    was applied at, or the first layer's gradient norm."""
     text: str
     """The sentence the story, the panel and the CLI say next to the first failure."""
 
@@ -55,12 +66,51 @@ class Cause:
         return self.text
 
 
-def likely_causes(events: list[Event], root: Event | None, th: Thresholds) -> list[Cause]:
+def likely_causes(events: list[Event], root: Event | None, th: Thresholds,
+                  trace: Trace | None = None) -> list[Cause]:
     """The likely causes of the first failure `root` among `events`, learning rates first;
-    none for a healthy run (`root` None)."""
+    none for a healthy run (`root` None). `trace`: the run's, for the causes read from
+    its numbers ("gradient", "init")."""
     if root is None:
         return []
-    return [*_lr_moved(events, root, th.lookback), *_edited(events, root, th.max_update)]
+    moved = _lr_moved(events, root, th.lookback)
+    out = [*moved, *_edited(events, root, th.max_update)]
+    if trace is not None and not moved:
+        out += _gradient(events, root, trace, th)
+    return out
+
+
+def _gradient(events: list[Event], root: Event, trace: Trace, th: Thresholds) -> list[Cause]:
+    """An exploding update that applied its layer's gradient at the same step, at a
+    learning rate that did not move (that gradient exploded, is the largest of the run's
+    first step, or grew with the initialisation), and, for a failure of the gradients or
+    such an update within `window` steps of the start, the first step's gradients growing
+    per layer toward the input (`growth`)."""
+    update = root.kind == "exploding_update" and root.signal == "update"
+    grown = growth(trace) if (update or root.kind in _GRADIENT) and root.step <= th.window \
+        else None
+    exploded = any(e.kind == "exploding_gradient" and e.layer == root.layer
+                   and e.step == root.step for e in events)
+    out = []
+    if update and (exploded or grown is not None) \
+            and trace.full_from <= root.step < trace.n_steps:
+        g = float(trace.col("grad_norm", root.step, root.step + 1)[0, trace.layer_index(
+            root.layer or "")])
+        lr = float(trace.scalar("lr", root.step, root.step + 1)[0])
+        out.append(Cause("gradient", root.step, root.layer, g, lr,
+                         f"the update applied its gradient of norm {g:.3g} at step "
+                         f"{root.step}, at a learning rate that did not move ({lr:.3g}): "
+                         f"the gradient exploded, the update only carried it into the "
+                         f"weights"))
+    if grown is not None:
+        out.append(Cause("init", 0, None, grown.factor, grown.first_norm,
+                         f"gradients grow about {grown.factor:.1f}x per layer toward the "
+                         f"input from step 0 ({grown.last_norm:.3g} at {grown.last} -> "
+                         f"{grown.first_norm:.3g} at {grown.first}): initialisation; use a "
+                         f"smaller init (nn.init.xavier_uniform_, or kaiming_normal_ with "
+                         f"the nonlinearity's gain) or normalisation layers (LayerNorm, "
+                         f"BatchNorm) between the layers"))
+    return out
 
 
 def _lr_moved(events: list[Event], root: Event, lookback: int) -> list[Cause]:

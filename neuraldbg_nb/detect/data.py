@@ -1,5 +1,5 @@
 """The input batch of the watched model: non-finite, all zero, constant, repeated, shifted,
-drifting.
+drifting, raw (`raw_inputs`), from a DataLoader iterator made anew at every step.
 
 The data is blamed first: a broken batch makes every layer look broken.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace.columns import Trace
+from . import raw_inputs
 from .baseline import lagged, log_level, shift_beyond, within
 from .regime import describe, shift_codes
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt
@@ -56,9 +57,13 @@ def _repeat_message(n: str, s: int, v: float, p: float, sev: str) -> str:
 
 
 def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
-    """Rows where the model felt its input's jump: at that step its first layer's output
-    (abs-max), its loss or any layer's gradient norm moved by `jump` or more against its
-    own recent level (beyond its noise), or none of them was measured.
+    """Rows where the model felt its input's jump: at that step a layer's output
+    (abs-max), its loss or a layer's gradient norm moved by `jump` or more against its
+    own recent level (beyond its noise), or none of them was measured. Any layer's output,
+    not only the first in forward order's: a GAN's first layer is its generator's, and
+    the real batch goes to the discriminator; a layer that only carried the input's jump
+    has no regime shift of its own (`regime.follows_input`), and the input's event is
+    the failure.
 
     A batch of heavy-tailed raw features (log-normal with sigma 3, normalised by a
     BatchNorm1d as the model's first layer) can have its abs-max jump 160x at one step
@@ -66,11 +71,11 @@ def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     first failure. A batch the model feels is an error: a Linear's output 1e4x, a tanh RNN
     saturated (its output stays bounded, its gradients collapse), a loss far above its
     level."""
-    first = trace.col("act_absmax", lo, stop)[:, :1]
+    act = trace.col("act_absmax", lo, stop)
     loss = trace.scalar("loss", lo, stop)[:, None]
     grad = trace.col("grad_norm", lo, stop)
-    felt = np.isnan(first).all(1) & np.isnan(loss[:, 0]) & np.isnan(grad).all(1)
-    for values in (first, loss, grad):
+    felt = np.isnan(act).all(1) & np.isnan(loss[:, 0]) & np.isnan(grad).all(1)
+    for values in (act, loss, grad):
         shift, _ = shift_beyond(log_level(values), th.window, th.warmup, th.noise)
         with np.errstate(invalid="ignore"):
             felt |= (shift >= np.log10(th.jump)).any(1)
@@ -136,7 +141,30 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                                                 f"normalisation statistics of other data)",
                 recovery=lambda n, s, v, p, sev: f"input batch scale steady again "
                                                  f"({fmt(v)}) at step {s}"),
+        raw_inputs.finding(trace, lo, stop, th),
+        _reiter_finding(trace.scalar("in_reiter", lo, stop), th),
     ]
+
+
+def _reiter_finding(reiter: np.ndarray, th: Thresholds) -> Finding:
+    """The step's batches came from a DataLoader iterator made in the step and dropped
+    before its epoch ended (`record.loaders`): for `patience` steps in a row, the loop makes
+    the iterator anew at every step (`next(iter(loader))` inside it), an error dated from
+    the first."""
+    def message(n: str, s: int, v: float, p: float, sev: str) -> str:
+        epoch = "" if v == float("inf") else f" (of {v:.0f} in an epoch)"
+        return (f"from step {s} on, each step's batch comes from a new DataLoader iterator, "
+                f"dropped after its first batch{epoch}: next(iter(loader)) inside the loop "
+                f"trains on an epoch's first batch again and again (with shuffle=True, on "
+                f"one random batch a step, never a whole epoch): make the iterator once, "
+                f"`for x, y in loader:` (or `it = iter(loader)` before the loop and "
+                f"`next(it)` in it)")
+
+    return Finding("data_anomaly", "input_reiter", _flag(reiter, reiter > 0, ERROR),
+                   reiter[:, None], per_layer=False, patience=th.patience, message=message,
+                   recovery=lambda n, s, v, p, sev: f"batches come from a DataLoader "
+                                                    f"iterator kept across steps from step "
+                                                    f"{s} on")
 
 
 def _times(v: float, p: float) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..trace.columns import Trace
-from . import activations, data, gradients, loop, loss, membership, regime, updates
+from . import activations, amp, data, gradients, loop, loss, membership, regime, updates
 from .baseline import BaselineCache
 from .events import Event
 from .regime import GRADIENT_PATIENCE
@@ -39,6 +39,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (loop.findings, loop.history),
     (membership.findings, _recent),
     (membership.cut_findings, _recent),
+    (amp.findings, _recent),
 )
 """Each detector with the steps of history before a chunk that it reads."""
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..trace.columns import Trace
 from .baseline import lagged, log_level, trailing_stats
+from .ran import ran as layers_ran
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .thresholds import Thresholds
 
@@ -171,7 +172,7 @@ def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
     only go empty. Not for
     a layer without a gradient from the start (a frozen backbone), nor one that sits
     out a few steps (a head whose task is off)."""
-    ran = ~np.isnan(trace.col("act_absmax", lo, stop))
+    ran = layers_ran(trace, lo, stop)
     owned = np.array([i.has_params for i in trace.layers], bool)[None, :]
     had = np.maximum.accumulate(finite, axis=0)
     codes = np.where(finite, OK, np.where(np.isnan(g) & ran & owned & had, INFO, HOLD))

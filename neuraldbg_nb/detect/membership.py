@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace.columns import Trace
+from .ran import ran as layers_ran
 from .scan import ERROR, INFO, WARNING, Finding, grade
 from .thresholds import Thresholds
 
@@ -79,11 +80,11 @@ def _cut_message(name: str, step: int, v: float, previous: float, severity: str)
 
 def cut_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """Layers cut off from the loss: trainable, held by an optimizer, run in the step's
-    forward (their output measured at the step, on a step whose activations are
-    measured), and no gradient for `cut_steps` steps in a row. Steps whose activations
+    forward (`ran.ran`: measured at the step's forward, or at the last hooked one before),
+    and no gradient for `cut_steps` steps in a row. Steps whose activations
     are not measured hold the verdict."""
     v = trace.col("grad_cut", lo, stop)
-    ran = ~np.isnan(trace.col("act_absmax", lo, stop))
+    ran = layers_ran(trace, lo, stop)
     measured = ran.any(axis=1, keepdims=True) | (trace.scalar("sampled", lo, stop) == 1)[:, None]
     seen = ~np.isnan(v) & measured
     cut = (v > 0) & ran

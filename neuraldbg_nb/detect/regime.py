@@ -162,6 +162,28 @@ def describe(what: str) -> Message:
     return message
 
 
+FOLLOWS = 2.0
+"""A layer's activations that jump by no more than this times the factor the input batch
+jumped by at the same step (in the same direction) only carried the input's jump."""
+
+
+def follows_input(trace: Trace, lo: int, stop: int, act: np.ndarray, base: np.ndarray,
+                  th: Thresholds) -> np.ndarray:
+    """(rows, layers) mask of activation jumps that the input batch's own jump at that
+    step explains: the input's abs-max moved `jump` or more against its own recent level
+    (the mean of its log over `window` steps), and the layer's output by at most `FOLLOWS`
+    times as much, the same way. A heavy-tailed feature batch (abs-max 160x its usual) moves
+    a Linear's output by the same 160x: that is the data's event (`data`, "input_scale"),
+    not a regime shift of the layer."""
+    logs = log_level(trace.scalar("in_absmax", lo, stop)[:, None])
+    mean, _ = trailing_stats(logs, th.window, th.warmup)
+    moved = logs - mean
+    with np.errstate(invalid="ignore", divide="ignore"):
+        layer = log_level(act) - np.log10(base)
+        return ((np.abs(moved) >= np.log10(th.jump)) & (np.sign(layer) == np.sign(moved))
+                & (np.abs(layer) <= np.abs(moved) + np.log10(FOLLOWS)))
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
              baselines: BaselineCache | None = None) -> list[Finding]:
     """`baselines`: where to keep the threshold-free part (`Jumps`) for the next call on
@@ -177,6 +199,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
                              lambda: find_jumps(values, *settings))
 
     act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
+    act_codes[(act_codes >= WARNING) & follows_input(trace, lo, stop, act, act_base, th)] = OK
     zero, was = zeroed(trace, act, th.window)
     act_codes[zero] = ERROR
     act_base[zero] = was[zero]

@@ -7,7 +7,8 @@ the first layer in forward order whose activations went non-finite, jumped, or d
 the loss; then the optimizer's update; and only then the gradients (exploding: the
 layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
-deepest layer, where backward starts). The loss comes before the update because a step
+deepest layer, where backward starts; a GradScaler's scale that collapsed as it skipped
+every step tells those non-finite gradients' story, and comes first). The loss comes before the update because a step
 computes it first: a loss that is infinite at a step makes that step's update
 non-finite, and an update's effect on the loss shows only at the next step. A non-finite
 update of a layer whose gradient was non-finite at that step only carried the gradient
@@ -84,13 +85,18 @@ def _escalated(events: list[Event], errors: list[Event]) -> dict[int, Event]:
             and (w.kind, w.signal, w.layer, w.end) in grew}
 
 
+_STANDING = ("input_drift", "input_raw")
+"""Input conditions that stand behind every step they stay open for (`_drifting`)."""
+
+
 def _drifting(events: list[Event], first: int) -> dict[int, Event]:
-    """Input drifts still open as the first failure begins, by id: the data moved 100x
-    and more, slowly, and go on moving into the failure (inputs growing 1.06x a step: the
-    drift is found at step 205, and without this a layer's gradient exploding at step 235
-    would be blamed). The data comes first, and no step of a drift is a jump for the
+    """Input drifts, and raw inputs, still open as the first failure begins, by id: the
+    data moved 100x and more, slowly, and go on moving into the failure (inputs growing
+    1.06x a step: the drift is found at step 205, and without this a layer's gradient
+    exploding at step 235 would be blamed); pixels fed as 0-255 from step 0 make the
+    loss diverge whenever it does. The data comes first, and neither is a jump for the
     lookback to find."""
-    return {id(e): e for e in events if e.kind == "data_anomaly" and e.signal == "input_drift"
+    return {id(e): e for e in events if e.kind == "data_anomaly" and e.signal in _STANDING
             and e.step < first and (e.end is None or e.end >= first)}
 
 
@@ -116,6 +122,9 @@ def first_failure(events: list[Event], th: Thresholds) -> Event | None:
     if best < 4:
         return min(tied, key=lambda e: (e.order, e.kind))
     kinds = {e.kind for e in tied}
+    scale = [e for e in tied if e.signal == "loss_scale"]
+    if scale:  # a GradScaler that skipped every step: the non-finite gradients' story
+        return scale[0]
     if "nonfinite_gradient" in kinds:
         return max((e for e in tied if e.kind == "nonfinite_gradient"), key=lambda e: e.order)
     if "exploding_gradient" in kinds:

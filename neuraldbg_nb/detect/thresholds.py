@@ -42,6 +42,11 @@ class Thresholds:
     shift worth a warning."""
     jump_error: float = 100.0
     """Factor that makes an activation or input regime shift an error."""
+    raw_input: float = 100.0
+    """Abs-max of the first step's input batch, and of the first layer's output, at or above
+    which the inputs are raw, not normalised (pixel values 0-255, features of order 1000):
+    a warning at step 0 that names the cause of the failure it leads to
+    (`detect.raw_inputs`)."""
     window: int = 20
     """Steps of recent history that a regime shift is measured against."""
     warmup: int = 5
@@ -84,7 +89,7 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         for name in ("vanish", "explode", "jump", "jump_error", "loss_rise", "max_update",
-                     "noise"):
+                     "noise", "raw_input"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Thresholds.{name} must be > 0, got {getattr(self, name)!r}")
         if self.vanish >= self.explode:

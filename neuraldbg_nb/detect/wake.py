@@ -24,6 +24,7 @@ import numpy as np
 from ..trace.columns import Trace
 from .gradients import SLOW_MARGIN, explode_line
 from .membership import UNTRAINED_MODEL
+from .ran import hooked
 from .thresholds import Thresholds
 
 
@@ -52,7 +53,10 @@ def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
         return SUDDEN
     if t < 1:
         return NONE
-    act_b, act = trace.col("act_absmax", t - 1, t + 1).tolist()
+    # activations where both steps were hooked (`ran.hooked`); a hooked step after unhooked
+    # ones is compared with the last hooked one by the live schedule (`live.scans`)
+    act_b, act = trace.col("act_absmax", t - 1, t + 1).tolist() \
+        if hooked(trace, t - 1, t + 1).all() else ([], [])
     grad_b, grad = trace.col("grad_norm", t - 1, t + 1).tolist()
     # the weight norm after an update reaches the trace with the next step: one step back
     w_b, w = trace.col("param_norm", t - 2, t).tolist() if t >= 2 else ([], [])

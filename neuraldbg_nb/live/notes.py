@@ -20,11 +20,17 @@ EVAL_ONLY = ("every forward of the model ran with gradients off (torch.no_grad()
 """Each said once per run (a watch entered again does not repeat it)."""
 
 
-def unstepped(foreign_steps: int) -> tuple[str, str]:
+def unstepped(foreign_steps: int, scaled: bool = False) -> tuple[str, str]:
     """A block that never stepped, recorded as one step: (what it means, a clause for the
     story's headline; why, for the run's notes). No optimizer stepped at all, or one that
-    trains none of the watched weights did, `foreign_steps` times (`StepOwner`)."""
-    if foreign_steps:
+    trains none of the watched weights did, `foreign_steps` times (`StepOwner`); `scaled`:
+    the backwards were a GradScaler's, which skips each step whose gradients overflow."""
+    if scaled and not foreign_steps:
+        what = "no optimizer step was taken: the GradScaler skipped every one"
+        why = ("no optimizer step was taken: the GradScaler skipped every one (the "
+               "gradients were not finite at any iteration), so the whole block was "
+               "recorded as one step; its diagnosis says why.")
+    elif foreign_steps:
         what = ("the model did not train: the optimizer that stepped trains none of its "
                 "parameters")
         why = (f"an optimizer stepped {foreign_steps} time"

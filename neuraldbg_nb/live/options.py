@@ -22,6 +22,7 @@ from ..detect.fielddocs import field_docs
 from ..detect.thresholds import Thresholds, number, settings
 
 StopOn = Literal["error", "never"]
+LayerHooks = Literal["sampled", "every"]
 
 _NOT_ON_COMMAND_LINE = {"command_line": False}
 """A field's metadata: a keyword of `watch()` only (the magic and the CLI set it)."""
@@ -44,8 +45,9 @@ class WatchOptions:
     input and output are kept for capture only at steps where the layer looks unusual,
     sampled steps and reference steps."""
     sample_every: int = 10
-    """Full activation statistics every N steps at most (non-finite values and the largest
-    magnitude are checked every step)."""
+    """Full activation statistics every N steps at most (a non-finite value is caught every
+    step: it reaches the loss or a gradient, read every step, and the step is replayed to
+    find the layer where it began)."""
     overhead: float | None = field(default=None, metadata={"metavar": "FRACTION"})
     """A budget for watching, as a fraction of the step time (e.g. 0.02): the full
     statistics are sampled less often to fit in what the per-step work (all the rest)
@@ -57,6 +59,14 @@ class WatchOptions:
     """Watch each layer's activations. Off (`activations=False`, `--no-activations`), only
     gradients, weights, the loss and the input are watched: the cheapest mode, in which no
     forward hook does any work."""
+    layer_hooks: LayerHooks = "sampled"
+    """When each layer's forward hook runs. "sampled": only for the forwards of sampled
+    steps, reference steps and every few steps between (each layer's recent level), and for
+    the replay of a step whose every-step numbers (loss, gradient and weight norms, input,
+    learning rate) went wrong, so the first failure is still found at its own step and
+    layer while a healthy step pays nothing per layer; activation columns are NaN (not
+    measured) on the other steps. "every": on every layer call of every step (about 30 us
+    each on a CPU), for an activation abs-max at every step."""
     trace_mb: float = 64
     """Memory for the exact recent steps of the trace, in MB; older steps are compacted into
     blocks (events found on them are kept exactly) held to half as much, so a run of any
@@ -72,6 +82,9 @@ class WatchOptions:
         if self.overhead is not None and not 0 < self.overhead < 1:
             raise ValueError(f"overhead is a fraction of the step time in (0, 1), e.g. 0.02; "
                              f"got {self.overhead!r} (None turns the budget off)")
+        if self.layer_hooks not in typing.get_args(LayerHooks):
+            raise ValueError(f"layer_hooks must be 'sampled' or 'every', got "
+                             f"{self.layer_hooks!r}")
         if self.trace_mb <= 0:
             raise ValueError(f"trace_mb must be > 0, got {self.trace_mb}")
         if self.capture_mb < 0:

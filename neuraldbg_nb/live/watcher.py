@@ -12,6 +12,7 @@ exit, an exception, KeyboardInterrupt.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ from ..report.run import Run, TrainingFailure
 from ..trace.columns import Trace
 from . import notes
 from .captures import EVENT, REFERENCE, CaptureStore
-from .options import DEFAULT, StopOn, WatchOptions, document
+from .options import DEFAULT, LayerHooks, StopOn, WatchOptions, document
 from .scans import ScanSchedule
 from .selfcost import SelfCost
 
@@ -135,12 +136,15 @@ class Watch:
                  stop_on: StopOn = DEFAULT.stop_on, capture_mb: float = DEFAULT.capture_mb,
                  sample_every: int = DEFAULT.sample_every,
                  overhead: float | None = DEFAULT.overhead,
-                 activations: bool = DEFAULT.activations, trace_mb: float = DEFAULT.trace_mb,
+                 activations: bool = DEFAULT.activations,
+                 layer_hooks: LayerHooks = DEFAULT.layer_hooks,
+                 trace_mb: float = DEFAULT.trace_mb,
                  report: bool | None = DEFAULT.report, **threshold_changes: Any) -> None:
         self.options = WatchOptions(  # checks them
             thresholds=(thresholds or Thresholds()).with_(**threshold_changes),
             stop_on=stop_on, capture_mb=capture_mb, sample_every=sample_every,
-            overhead=overhead, activations=activations, trace_mb=trace_mb, report=report)
+            overhead=overhead, activations=activations, layer_hooks=layer_hooks,
+            trace_mb=trace_mb, report=report)
         th = self.options.thresholds
         self.trace_bytes = int(trace_mb * 2**20)
         self.stop_on = stop_on
@@ -154,8 +158,7 @@ class Watch:
                             hold_refs=capture_mb > 0 and activations,
                             activations=activations, overhead=overhead,
                             hold_jump=th.wake_jump, cost=self._cost,
-                            layer_hooks=os.environ.get("NEURALDBG_LAYER_HOOKS", "every"),
-                            hook_every=th.window // max(th.warmup, 1),
+                            layer_hooks=layer_hooks,
                             on_step=self._on_step, on_error=self._on_error)
         self._active = False
         self._schedule = ScanSchedule(th)
@@ -184,10 +187,15 @@ class Watch:
             elif exc_type is None and self._probe.has_pending and self._probe.steps_seen == 0 \
                     and not self._probe.manual_steps and run.trace.n_steps == 0:
                 self._probe.close_partial()
-                run.unstepped, why = notes.unstepped(self._probe.foreign_steps)
+                scaled = run.trace.n_steps > 0 and not math.isnan(
+                    float(run.trace.scalar("amp_scale", 0, 1)[0]))
+                run.unstepped, why = notes.unstepped(self._probe.foreign_steps, scaled)
                 self._note(why, f"neuraldbg: {why}", UserWarning)
             else:
-                self._probe.flush()
+                if exc_type is None:  # (an exception in flight stays the user's own)
+                    self._probe.close_trailing()
+                if not self._probe.failed:
+                    self._probe.flush()
         finally:
             self._probe.detach()
             self._active = False
@@ -353,7 +361,8 @@ def _in_notebook() -> bool:
 def watch(model: Any = None, *, thresholds: Thresholds | None = None,
           stop_on: StopOn = DEFAULT.stop_on, capture_mb: float = DEFAULT.capture_mb,
           sample_every: int = DEFAULT.sample_every, overhead: float | None = DEFAULT.overhead,
-          activations: bool = DEFAULT.activations, trace_mb: float = DEFAULT.trace_mb,
+          activations: bool = DEFAULT.activations,
+          layer_hooks: LayerHooks = DEFAULT.layer_hooks, trace_mb: float = DEFAULT.trace_mb,
           report: bool | None = DEFAULT.report, **threshold_changes: Any) -> Watch:
     """Watch a training loop: `with watch(model) as run: ...`.
 
@@ -364,7 +373,8 @@ def watch(model: Any = None, *, thresholds: Thresholds | None = None,
     """
     return Watch(model, thresholds=thresholds, stop_on=stop_on, capture_mb=capture_mb,
                  sample_every=sample_every, overhead=overhead, activations=activations,
-                 trace_mb=trace_mb, report=report, **threshold_changes)
+                 layer_hooks=layer_hooks, trace_mb=trace_mb, report=report,
+                 **threshold_changes)
 
 
 watch.__doc__ = document(watch.__doc__ or "")

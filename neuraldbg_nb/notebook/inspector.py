@@ -16,6 +16,7 @@ import numpy as np
 
 from ..detect.gradients import explode_line
 from ..report.captures import Capture
+from ..report.page import layer_numbers
 from ..report.run import Run
 from .panel_state import handle
 
@@ -179,22 +180,6 @@ def _histograms(now: Capture, before: Capture | None) -> list[str]:
     return out
 
 
-def numbers(run: Run, layer: int, step: int) -> dict[str, tuple[float, int]]:
-    """The layer's recorded numbers at `step`, each with the step it was measured at
-    (sampled statistics come from the nearest sampled step at or before it)."""
-    from ..trace.columns import LAYER_COLUMNS
-
-    out = {}
-    for c in LAYER_COLUMNS:
-        steps, values = run.trace.history(c)
-        upto = np.searchsorted(steps, step, side="right")
-        col = values[:upto, layer]
-        seen = np.flatnonzero(~np.isnan(col))
-        if len(seen):
-            out[c] = (float(col[seen[-1]]), int(steps[seen[-1]]))
-    return out
-
-
 _cache: weakref.WeakKeyDictionary[Run, dict[tuple[str | None, int],
                                              tuple[str, Capture | None]]] = (
     weakref.WeakKeyDictionary())
@@ -272,7 +257,7 @@ def _build(run: Run, layer: str | None, step: int) -> tuple[str, Capture | None]
             + ")</p>")
     if layer in names:
         j = names.index(layer)
-        nums = numbers(run, j, step)
+        nums = layer_numbers(run, j, step)
         rows = "".join(f"<tr><td>{esc(k)}</td><td>{v:.4g}</td><td>"
                        + ("" if at == step else f"(step {at})") + "</td></tr>"
                        for k, (v, at) in nums.items())

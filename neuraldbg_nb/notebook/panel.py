@@ -5,7 +5,11 @@ its updates to `panel_budget.BUDGET` of the cell's wall time and at most `MAX_RA
 second, yet refreshed at least every `panel_budget.MAX_GAP` seconds (`PanelBudget`; a long
 run never trips Jupyter's message rate limit; each update is one message of bounded
 size). After the run it answers the browser: a click opens the inspector, a
-slider re-classifies the recorded run with the engine's pure detection.
+slider re-classifies the recorded run with the engine's pure detection; each request is
+acknowledged with a custom message `{"answer": name}` once handled, whatever came of it, so
+the panel can tell a kernel that does not answer from one that is working
+(`js/requests.ts`). With a baseline run, the panel also says where the two part
+(`report.compare`).
 """
 
 from __future__ import annotations
@@ -85,11 +89,17 @@ class Panel(anywidget.AnyWidget):
     cost = traitlets.Unicode("").tag(sync=True)
     cost_detail = traitlets.Unicode("").tag(sync=True)
     notes = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    baseline = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
 
-    def __init__(self, run: Run, **kwargs: Any) -> None:
+    def __init__(self, run: Run, baseline: Run | None = None, baseline_name: str | None = None,
+                 **kwargs: Any) -> None:
+        """The panel of `run`; with `baseline` (a run of the same recipe, e.g. yesterday's),
+        it says where `run` parts from it, once `run` is over (`panel_state.baseline`)."""
         super().__init__(**kwargs)
         self.run = run
         self.original = run
+        self.baseline_run = baseline
+        self.baseline_name = baseline_name
         self.budget = PanelBudget()
         """The panel's updates while training and what they cost (`PanelBudget`)."""
         self._notes_pushed = 0  # notes the last push carried: a new one is pushed at once
@@ -128,7 +138,8 @@ class Panel(anywidget.AnyWidget):
         """Send every trait (the per-cell numbers too once training is over)."""
         self._notes_pushed = len(self.run.notes)
         done = self.run.status != "training"
-        state = panel_state.panel_state(self.run, with_values=done)
+        state = panel_state.panel_state(self.run, with_values=done, base=self.baseline_run,
+                                        base_name=self.baseline_name)
         with self.hold_sync():
             for name, value in state.items():
                 setattr(self, name, value)
@@ -138,15 +149,22 @@ class Panel(anywidget.AnyWidget):
             self.message = LIVE_HELP if not done else "" if nothing else HELP
 
     # -- browser -> kernel ------------------------------------------------------------
+    def _answer(self, name: str) -> None:
+        """Tell the browser its request `name` (a trait it wrote) was handled."""
+        self.send({"answer": name})
+
     def _on_thresholds(self, change: dict[str, Any]) -> None:
-        wanted = dict(change["new"] or {})
-        current = panel_state.thresholds(self.run)
-        if self.run.status == "training" or not wanted or wanted == current:
-            return
         try:
-            self.reclassify(**wanted)
-        except (TypeError, ValueError) as err:
-            self.message = f"thresholds not applied: {err}"
+            wanted = dict(change["new"] or {})
+            current = panel_state.thresholds(self.run)
+            if self.run.status == "training" or not wanted or wanted == current:
+                return
+            try:
+                self.reclassify(**wanted)
+            except (TypeError, ValueError) as err:
+                self.message = f"thresholds not applied: {err}"
+        finally:
+            self._answer("thresholds")
 
     def reclassify(self, **changes: float) -> Run:
         """Re-judge the recorded run under new thresholds and redraw everything."""
@@ -165,13 +183,17 @@ class Panel(anywidget.AnyWidget):
         return new
 
     def _on_selected(self, change: dict[str, Any]) -> None:
-        sel = change["new"]
-        if not sel:
-            self.inspector_html = ""
-            return
-        from .inspector import inspector_html
+        try:
+            sel = change["new"]
+            if not sel:
+                self.inspector_html = ""
+                return
+            from .inspector import inspector_html
 
-        self.inspector_html = inspector_html(self.run, sel.get("layer"), int(sel.get("step", 0)))
+            self.inspector_html = inspector_html(self.run, sel.get("layer"),
+                                                 int(sel.get("step", 0)))
+        finally:
+            self._answer("selected")
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         """The widget view, with a text/plain that says what it is (`notebook.static`)."""

@@ -14,6 +14,8 @@ import numpy as np
 
 from ..detect.events import Event
 from ..detect.thresholds import settings
+from ..report import story
+from ..report.compare import Comparison, compare
 from ..report.run import Run
 
 MAX_COLS = 240
@@ -227,19 +229,41 @@ def status(run: Run) -> str:
 
 
 def watched_nothing(run: Run) -> str | None:
-    """Why a run that ended recorded no layer or no step, in a sentence (None: it did)."""
-    t = run.trace
-    if run.status == "training" or (t.n_steps > 0 and t.n_layers > 0):
-        return None
-    if t.n_steps == 0 and run.status in ("raised", "interrupted", "exited"):
-        return (f"nothing was watched: the cell {run.status_text} before its first "
-                "training step")
-    if t.n_layers == 0 and t.n_steps > 0:
-        return ("nothing was watched: no layer of a model was found (the watch reads the "
-                "nn.Module the cell trains; see the notes above)" if run.notes else
-                "nothing was watched: no layer of a model was found")
-    return ("nothing was watched: the cell ran no training step (no backward() and "
-            "optimizer.step() of a torch model)")
+    """Why a run that ended recorded no layer or no step, in a sentence (None: it did):
+    `report.story.watched_nothing`, the one home of these words."""
+    return story.watched_nothing(run)
+
+
+BASELINE_EVENTS = 20
+"""Events listed at most on each side of a comparison (the first of each kind and layer)."""
+
+
+def baseline(run: Run, base: Run, name: str | None = None) -> dict[str, Any]:
+    """Where `run` parts from the baseline run `base` (`report.compare`, `base` first), for
+    the panel: the baseline's name, the one-line sentence, the parting's step, layer (None:
+    the loss) and number, and the events each run has that the other lacks."""
+    c = compare(base, run)
+    p = c.parting
+    name = name or (base.loaded_from.name if base.loaded_from is not None else "the baseline")
+    return {"name": name, "sentence": comparison_sentence(c, name),
+            "step": None if p is None else p.step, "layer": None if p is None else p.layer,
+            "quantity": None if p is None else p.quantity,
+            "row": -1 if p is None or p.layer not in run.trace.layer_names
+            else run.trace.layer_names.index(p.layer),
+            "only_run": [_only(e) for e in c.only_b[:BASELINE_EVENTS]],
+            "only_baseline": [_only(e) for e in c.only_a[:BASELINE_EVENTS]]}
+
+
+def comparison_sentence(c: Comparison, name: str) -> str:
+    """The comparison's verdict (the first line of `Comparison.__str__`, after its heading):
+    where they part, or that they do not, with the baseline `name` first."""
+    verdict = str(c).split("\n", 1)[0].partition("): ")[2]
+    return f"{name} vs this run ({c.steps} common steps): {verdict}"
+
+
+def _only(e: Event) -> dict[str, Any]:
+    return {"step": e.step, "layer": e.layer, "kind": e.kind, "severity": e.severity,
+            "message": e.message}
 
 
 def handle(run: Run) -> str:
@@ -259,9 +283,11 @@ def header_state(run: Run) -> dict[str, Any]:
             "cost": label, "cost_detail": detail}
 
 
-def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
+def panel_state(run: Run, with_values: bool, base: Run | None = None,
+                base_name: str | None = None) -> dict[str, Any]:
     """Every trait of the panel for `run`. `with_values` adds the per-cell numbers for the
-    tooltip (sent when the run is not training, to keep live messages small)."""
+    tooltip (sent when the run is not training, to keep live messages small) and, with a
+    baseline run `base`, where `run` parts from it (`baseline`; None without one)."""
     t = run.trace
     cols = map_shape(t.n_steps, t.n_layers)
     live = not with_values
@@ -278,6 +304,8 @@ def panel_state(run: Run, with_values: bool) -> dict[str, Any]:
         "likely_causes": likely_causes(run),
         "sliders": sliders() if live else sliders(run),
         "notes": notes(run) + [n for n in [watched_nothing(run)] if n],
+        "baseline": baseline(run, base, base_name) if with_values and base is not None
+        else None,
     }
     if with_values:
         edges = bucket_edges(t.n_steps, cols)

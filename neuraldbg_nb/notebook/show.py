@@ -9,25 +9,35 @@ from ..report.run import Run, load
 from .static import show_diagnosis
 
 
-def show(run: Run | str | Path) -> Any:
+def _load(run: Run | str | Path) -> Run:
+    if isinstance(run, Run):
+        return run
+    path = Path(run)
+    if not path.exists() and not path.with_suffix(".npz").exists():
+        raise FileNotFoundError(f"no saved run at {path}: save one with run.save(path) "
+                                f"or `neuraldbg run --save RUN.npz script.py`")
+    return load(path)
+
+
+def show(run: Run | str | Path, baseline: Run | str | Path | None = None) -> Any:
     """Display the panel of `run` (a Run, or the path of a saved one: `Run.save`): its map,
     first failure and feed, clicks that open the inspector and sliders that re-classify it.
     A loaded run has no captured tensors: the inspector gives its recorded numbers and
-    charts. The diagnosis follows it as text, for readers without the kernel
-    (`notebook.static`). Returns the panel."""
-    if not isinstance(run, Run):
-        path = Path(run)
-        if not path.exists() and not path.with_suffix(".npz").exists():
-            raise FileNotFoundError(f"no saved run at {path}: save one with run.save(path) "
-                                    f"or `neuraldbg run --save RUN.npz script.py`")
-        run = load(path)
+    charts. With `baseline` (a run of the same recipe, or its path), the panel says where
+    `run` parts from it and marks that step and layer on the map (`neuraldbg_nb.compare`).
+    The diagnosis follows it as text, for readers without the kernel (`notebook.static`).
+    Returns the panel."""
+    run = _load(run)
+    base = None if baseline is None else _load(baseline)
     from IPython.display import display
 
     from .panel import Panel
 
     if run.status != "training":
         run.prepare_reclassify()  # the first slider move is as fast as the next
-    panel = Panel(run)
+    named = None if baseline is None or isinstance(baseline, Run) else Path(baseline).name
+    panel = Panel(run, baseline=base, baseline_name=named)
     display(panel)
-    show_diagnosis(run)  # for readers without the kernel (`notebook.static`)
+    compared = panel.baseline["sentence"] if panel.baseline else None
+    show_diagnosis(run, compared)  # for readers without the kernel (`notebook.static`)
     return panel

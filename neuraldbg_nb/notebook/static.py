@@ -6,7 +6,8 @@ shows a notebook without its kernel shows it: nbconvert's HTML, GitHub's noteboo
 JupyterLab and Notebook 7 after a restart (where a widget's view says only that its model
 is gone, a widget manager never falls back to another type of the widget's own output).
 While the live panel is drawn above it in the same output area, the output's own style
-rule hides it (`HIDE_WHILE_LIVE`), so the user sees the panel, not two copies.
+rule hides it (`HIDE_WHILE_LIVE`), so the user sees the panel, not two copies; once the
+panel's kernel is gone (shut down, restarted) the rule lets it show again.
 
 The panel's own output keeps its widget view and says in text/plain what it is (never a
 repr with an address).
@@ -14,6 +15,7 @@ repr with an address).
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING, Any
 
 from ..report import story
@@ -24,10 +26,13 @@ if TYPE_CHECKING:
 
 PANEL_ROOT = "ndbg-panel"
 """The class of the live panel's root element (`js/index.ts`)."""
-HIDE_WHILE_LIVE = (f"<style>.jp-OutputArea-child:has(.{PANEL_ROOT}) ~ .jp-OutputArea-child "
-                   f".ndbg-static {{display: none}}</style>")
-"""Hides the diagnosis where a drawn panel precedes it in the same cell's output (JupyterLab,
-Notebook 7); a reader that drops the rule, or draws no panel, shows it."""
+PANEL_GONE = "ndbg-gone"
+"""The class the panel's root takes when its kernel is gone (`js/requests.ts`)."""
+HIDE_WHILE_LIVE = (f"<style>.jp-OutputArea-child:has(.{PANEL_ROOT}:not(.{PANEL_GONE})) ~ "
+                   f".jp-OutputArea-child .ndbg-static {{display: none}}</style>")
+"""Hides the diagnosis where a live panel precedes it in the same cell's output (JupyterLab,
+Notebook 7); a reader that drops the rule, draws no panel (a restarted kernel: the widget's
+view is gone), or a panel whose kernel is gone, shows it."""
 PANEL_TEXT = ("neuraldbg panel (a live widget, drawn where its kernel runs; the diagnosis "
               "follows as text)")
 
@@ -40,13 +45,23 @@ def panel_bundle(bundle: Any) -> Any:
     return data if meta is None else (data, meta)
 
 
-def diagnosis_bundle(run: Run) -> dict[str, str]:
-    """The run's diagnosis as text/plain (the story) and text/html."""
-    return {"text/plain": story.tell(run), "text/html": HIDE_WHILE_LIVE + diagnosis_html(run)}
+def diagnosis_bundle(run: Run, compared: str | None = None) -> dict[str, str]:
+    """The run's diagnosis as text/plain (the story) and text/html; `compared`, where the
+    panel shows a baseline, is the comparison's sentence (`panel_state.baseline`), said
+    after the story."""
+    text, fragment = story.tell(run), diagnosis_html(run)
+    if compared:
+        text += f"\n  {compared}"
+        line = (f"<div class='ndbg-static-compared' style='margin-top:4px'>"
+                f"{html.escape(compared)}</div>")
+        end = fragment.rindex("</div>")  # inside the diagnosis' own box
+        fragment = fragment[:end] + line + fragment[end:]
+    return {"text/plain": text, "text/html": HIDE_WHILE_LIVE + fragment}
 
 
-def show_diagnosis(run: Run) -> None:
-    """Display the run's diagnosis as the next output of the running cell."""
+def show_diagnosis(run: Run, compared: str | None = None) -> None:
+    """Display the run's diagnosis (and `compared`: `diagnosis_bundle`) as the next output
+    of the running cell."""
     from IPython.display import display
 
-    display(diagnosis_bundle(run), raw=True)
+    display(diagnosis_bundle(run, compared), raw=True)

@@ -10,7 +10,7 @@ import torch
 
 from ..trace.columns import REAPPLIED
 from . import reductions, step_row
-from .amp_scale import ScaleReader
+from .amp_scale import ScaleReader, ScaleTrail
 from .carried import CarryCheck, OtherCarries
 from .discovery import Models
 
@@ -23,6 +23,7 @@ class Backwards:
         self._sc = sc
         self._carry = CarryCheck()
         self._scales = ScaleReader()
+        self._trail = ScaleTrail()
         self.others = OtherCarries()
         """The same checks for the other optimizers of the step (a GAN's second)."""
         self.total_heard = 0
@@ -38,6 +39,7 @@ class Backwards:
         self._logged: list[int] = []  # of the tensors given to `log_loss`
         self._logged_host: list[float] = []  # the numbers given to `log_loss`
         self._carry.new_step()
+        self._trail.new_step()
         self.eval_layers = -1
         """The most layers found in eval mode at a backward of the step; -1: none heard."""
 
@@ -46,6 +48,8 @@ class Backwards:
         `root` is a GradScaler's scaling of it (`ScaleReader`)."""
         loss = self._scales.unscaled(root)
         self._heard.append(self._sc.add(root.detach() if loss is None else loss))
+        if self._scales.scale is not None:
+            self._trail.heard(self._scales.scale, self._sc)
         self._carry.at_backward(self._sc)
         self.others.at_backward(self._sc)
         self.total_heard += 1
@@ -70,6 +74,11 @@ class Backwards:
     def any_heard(self) -> bool:
         """A backward ran in the step."""
         return bool(self._heard)
+
+    def scales(self, v: list[float]) -> dict[str, float]:
+        """After the transfer `v`: the loss scales of the step's scaled backwards
+        (`ScaleTrail.values`)."""
+        return self._trail.values(v)
 
     def loss(self, v: list[float]) -> float:
         """After the transfer `v`: the step's loss (`step_row.loss`)."""

@@ -26,11 +26,11 @@ from .discovery import Models
 from .forward import Forward, Held
 from .inputs import Inputs
 from .optimizer import learning_rate, missing_gradients
-from .replay import Replay, anomalous, edited
-from .sampler import is_reference_step
+from .replay import RECENT, Replay, anomalous, edited, grad_total, lr_moved
+from .sampler import HOOK_EVERY, is_reference_step
 from .step_owner import StepOwner
 from .timing import StepTimer, clock
-from .weights import WeightProbe
+from .weights import Part, WeightProbe
 
 
 @dataclass
@@ -54,14 +54,13 @@ class Boundary:
                  backwards: Backwards, weights: WeightProbe, steps: StepOwner,
                  sc: reductions.Scalars, timer: StepTimer,
                  on_step: Callable[[StepRecord], None], *, replay: Replay | None = None,
-                 set_hooks: Callable[[bool], None] | None = None,
-                 jump: float = math.inf, hook_every: int = 1) -> None:
+                 set_hooks: Callable[[bool], None] | None = None) -> None:
         """`set_hooks`: turns the layer hooks on or off for the next forward, where they
-        are on only for sampled and reference steps (None: on every step). `replay`: the
-        step's calls, replayed with the hooks on where the step was not hooked and its
-        loss or gradients say it went wrong (`replay.anomalous`, `jump` its factor).
-        `hook_every`: the layer hooks are also on every `hook_every`-th step, for their
-        abs-max alone, so each layer's recent level is known where a jump is judged."""
+        are on only for sampled and reference steps, every `HOOK_EVERY`-th step (their
+        abs-max alone: each layer's recent level is known where a jump is judged) and the
+        step after a learning rate's move (`replay.lr_moved`); None: on every step.
+        `replay`: the step's calls, replayed with the hooks on where the step was not
+        hooked and its every-step numbers say it went wrong (`replay.anomalous`)."""
         self._trace = trace
         self._models = models
         self._forward = forward
@@ -74,8 +73,7 @@ class Boundary:
         self._on_step = on_step
         self._replay = replay
         self._set_hooks = set_hooks
-        self._jump = jump
-        self._hook_every = hook_every
+        self._hook_next = False  # the next forward is hooked (a learning rate moved)
         self.hooked = True
         """The layer hooks are on for the step in progress."""
         self.sampled = True
@@ -93,8 +91,18 @@ class Boundary:
         if self._replay is not None:
             self._replay.new_step()
         if self._set_hooks is not None:
-            self.hooked = hold_all or self._trace.n_steps % self._hook_every == 0
+            self.hooked = hold_all or self._hook_next or self._trace.n_steps % HOOK_EVERY == 0
+            self._hook_next = False
             self._set_hooks(self.hooked)
+
+    def hook_closure(self) -> None:
+        """A step given a closure (`optimizer.step(closure)`) begins: its forward runs
+        inside the optimizer's step, and it closes after the update, where the weights
+        its forward used are gone, so it cannot be replayed: its layers are hooked as it
+        runs."""
+        if self._set_hooks is not None and not self.hooked:
+            self.hooked = True
+            self._set_hooks(True)
 
     @property
     def backwards(self) -> Backwards:
@@ -155,18 +163,16 @@ class Boundary:
         if self._steps.input_trained:  # (`StepOwner.input_trained`)
             self._inputs.drop()
         scalars.update(self._inputs.read(v))
-        if not self.hooked and self._replay is not None and step > 0:
-            finite = all(math.isfinite(v[p]) for p in g_pos)
-            before = trace.col("grad_norm", step - 1, step)[0].tolist()
-            if anomalous(scalars["loss"], self._backwards.any_heard, finite,
-                         row["grad_norm"].tolist(), float(trace.scalar("loss", step - 1, step)[0]),
-                         before, self._jump) or (edits is not None and edited(
-                             step_row.layer_norms(v, [edits], n)[0],
-                             trace.col("param_norm", step - 1, step)[0])):
+        scalars.update(self._backwards.scales(v))
+        scalars["hooked"] = float(self.hooked)
+        if self._replay is not None and step > 0:
+            lr_b = float(trace.scalar("lr", step - 1, step)[0])
+            self._hook_next = lr_moved(lr_b, float(scalars["lr"]))
+            if not self.hooked and self._went_wrong(step, row, scalars, g_pos, v, edits):
                 replayed = self._replayed(n)
                 if replayed is not None:
                     row.update(replayed)
-                    scalars["sampled"] = 1.0
+                    scalars["hooked"] = 1.0
         trace.append(row, scalars)
 
         held = self._forward.held
@@ -179,12 +185,33 @@ class Boundary:
             held.clear()
             self._timer.end_interval(step, t_enter)
 
+    def _went_wrong(self, step: int, row: dict[str, np.ndarray], scalars: dict[str, float],
+                    g_pos: list[int], v: list[float], edits: Part | None) -> bool:
+        """Whether an unhooked step's every-step numbers say its forward went wrong
+        (`replay.anomalous`, `replay.edited`): its loss and its gradients' total norm
+        against the `RECENT` steps before, its input's abs-max against the step before,
+        and the weight norms the last update left (written into the trace one step late,
+        so the rows of the two updates before this forward)."""
+        trace, n = self._trace, self._trace.n_layers
+        weights = trace.col("param_norm", step - 2, step).tolist() if step >= 2 else []
+        lo = max(trace.full_from, step - RECENT)
+        if anomalous(
+                scalars["loss"], self._backwards.any_heard,
+                all(math.isfinite(v[p]) for p in g_pos), float(grad_total(row["grad_norm"])),
+                trace.scalar("loss", lo, step), grad_total(trace.col("grad_norm", lo, step)),
+                inputs=(float(trace.scalar("in_absmax", step - 1, step)[0]),
+                        float(scalars.get("in_absmax", math.nan))),
+                weights=(weights[0], weights[1]) if len(weights) == 2 else ([], [])):
+            return True
+        return edits is not None and edited(step_row.layer_norms(v, [edits], n)[0],
+                                            trace.col("param_norm", step - 1, step)[0])
+
     def _replayed(self, n: int) -> dict[str, np.ndarray] | None:
         """The step's forward replayed with the layer hooks on (`replay.Replay.run`): its
         activation columns, read in a second transfer, or None where it was refused."""
         assert self._replay is not None and self._set_hooks is not None
         forward, set_hooks = self._forward, self._set_hooks
-        forward.new_step(True, True)
+        forward.new_step(False, False)  # the abs-max, and what looks unusual held
         forward.replaying(True)
         try:
             ran = self._replay.run(lambda: set_hooks(True), lambda: set_hooks(False))

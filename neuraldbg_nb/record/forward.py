@@ -354,8 +354,9 @@ class Forward:
             self._masks |= step_row.masking(self._c_idx, mins, maxs, self._called)
             self._called = n
         row = {"act_absmax": step_row.absmax(self._c_idx, mins, maxs, n, self._masks)}
-        self.activations_seen = self.activations_seen or bool(self._c_idx)
-        self._last_absmax = row["act_absmax"].tolist()
+        if self._c_idx:  # a step whose layers were not hooked keeps the last levels
+            self.activations_seen = True
+            self._last_absmax = row["act_absmax"].tolist()
         if self._rich:
             row.update(step_row.rich_columns(self._rich, v, n))
         return row

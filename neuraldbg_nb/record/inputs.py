@@ -5,7 +5,8 @@ The batch is the first tensor of each top-level call of a watched model that tra
 (`Inputs.record`). Every step: min, max (a free non-finite flag), sum and a
 position-weighted sum; sampled steps add the norm and the nonzero and finite counts. They
 are queued on the step's `reductions.Scalars`; `step_row.input_scalars` reads them back
-into the row.
+into the row. Whether the step's batches came from a DataLoader iterator made anew in the
+step is `loaders`' to tell.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from . import reductions, step_row
 from .layers import first_tensor, storage_at
+from .loaders import LoaderIterators
 
 if TYPE_CHECKING:
     from .discovery import Models
@@ -121,6 +123,10 @@ class Inputs:
         """The tensor a watched model was last called with (`StepOwner.trains_the_input`)."""
         self._outs: list[torch.Tensor] = []
         self._prev_outs: list[torch.Tensor] = []
+        self.loaders = LoaderIterators()
+        """The DataLoaders' iterators, followed from the first batch recorded (`record`)
+        until `release`: only a watch that hears its model is attached."""
+        self._released = False
         self.new_step(sampled=True)
 
     def new_step(self, sampled: bool) -> None:
@@ -142,6 +148,8 @@ class Inputs:
         unless it is not data (see the class). `given`: the batch comes from the loop
         itself (`Probe.log_input`), and the models' own calls in this step are not
         recorded as batches besides it."""
+        if not self._released:
+            self.loaders.attach()  # idempotent
         found = first_tensor(args, floating=False)
         if found is None:
             found = first_tensor(kwargs, floating=False)
@@ -160,6 +168,7 @@ class Inputs:
             if at and any(storage_at(o) == at for o in (*self._outs, *self._prev_outs)):
                 return  # another watched model's output, or a view of it: not data
         batch = found.detach()
+        self.loaders.fed(batch)
         summary = input_batch(batch, self._sampled, self._sc, self._ramps)
         self._batches.append((summary, batch.numel()))
         if self._hold:
@@ -181,9 +190,12 @@ class Inputs:
     def read(self, v: list[float]) -> dict[str, float]:
         """After the transfer `v`: the step's input scalars (`step_row.input_scalars`)."""
         scalars, self._fingerprint = step_row.input_scalars(self._batches, v, self._fingerprint)
+        scalars["in_reiter"] = self.loaders.read()
         return scalars
 
     def release(self) -> None:
         """Drop what is held (the watch ends or failed)."""
         self._outs, self._prev_outs = [], []
         self._ramps.release()
+        self._released = True
+        self.loaders.detach()

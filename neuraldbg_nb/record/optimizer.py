@@ -41,6 +41,10 @@ class Optimizers:
         self.manual_steps = False
         """A step was ended by hand (`run.step()`)."""
         self._closure_step = False  # the primary's step in progress was given a closure
+        self.others_stepped = False
+        """Another optimizer of the watched weights stepped since the primary's last step
+        (a GAN's generator after its discriminator): the backwards since then had their
+        update, and are not a step left without one (`Probe.close_trailing`)."""
 
     def pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """An optimizer's step begins."""
@@ -49,18 +53,22 @@ class Optimizers:
             return
         if primary is opt:
             self.steps_seen += 1
+            self.others_stepped = False
             self._before_update()
             # a closure runs the step's forward and backward inside the step: it closes
             # after it (`post`); `args` starts with the optimizer itself
             self._closure_step = callable(kwargs.get("closure", args[1] if len(args) > 1
                                                      else None))
-            if not self._closure_step:
+            if self._closure_step:  # its forward runs after the update has begun:
+                self._boundary.hook_closure()  # not replayable, so hooked as it runs
+            else:
                 self._boundary.close(opt)
         elif self._steps.trains_watched(opt):
             # another optimizer of the step (a GAN's generator): the layers it finds with
             # gradients had one in the step, and its update is measured on the step the
             # primary's was, and adds to it
             self._steps.membership.other_step(opt)
+            self.others_stepped = True
             backwards = self._boundary.backwards
             backwards.others.at_step(opt, backwards.total_heard)
             if self._weights.measuring:
@@ -80,6 +88,7 @@ class Optimizers:
     def manual_step(self) -> None:
         """End a step by hand (loops without an optimizer)."""
         self.manual_steps = True
+        self.others_stepped = False
         self._boundary.close(None)
         self.after_update()
 

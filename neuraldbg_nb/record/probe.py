@@ -46,7 +46,7 @@ class Probe:
     def __init__(self, trace: Trace, roots: list[tuple[str, nn.Module]] | None, *,
                  sample_every: int, hold_refs: bool, activations: bool = True,
                  overhead: float | None = None, hold_jump: float, cost: CostMeter,
-                 layer_hooks: str = "every", hook_every: int = 1,
+                 layer_hooks: str = "every",
                  on_step: Callable[[StepRecord], None],
                  on_error: Callable[[Exception, str], None]) -> None:
         """`roots`: the models to watch, with the prefix of their layers' names (None:
@@ -57,9 +57,9 @@ class Probe:
         `on_error`: told of an error in a hook (the exception, the hook's name) before
         the probe stops; it may raise it again (see `guard.guarded`). `layer_hooks`:
         "every" hooks every layer call of every step; "sampled" hooks the layers only for
-        the forwards of sampled and reference steps and of every `hook_every`-th step, and
-        replays the forward of a step whose cheap signals went wrong (`replay`) with them
-        on."""
+        the forwards of sampled and reference steps and of every `sampler.HOOK_EVERY`-th
+        step, and replays the forward of a step whose cheap signals went wrong (`replay`)
+        with them on."""
         if layer_hooks not in ("every", "sampled"):
             raise ValueError(f"layer_hooks must be 'every' or 'sampled', got {layer_hooks!r}")
         self.trace = trace
@@ -75,7 +75,8 @@ class Probe:
             torch.optim.Optimizer, tuple[tuple[int, int], bool]] = weakref.WeakKeyDictionary()
         self._armed = False
         self._sampled_hooks = layer_hooks == "sampled" and activations
-        self._replay = Replay() if self._sampled_hooks else None
+        self._own: set[int] = set()  # the ids of this probe's hooks on modules
+        self._replay = Replay(self._own) if self._sampled_hooks else None
         self._quiet: Any = None  # the compile-warning filter while the global hook is in
         self._unsubscribe: Callable[[], None] | None = None
         sc = reductions.Scalars()
@@ -90,8 +91,7 @@ class Probe:
         self._boundary = Boundary(trace, models, self._forward, self._inputs,
                                   self._backwards, self._weights, self._steps, sc,
                                   self._timer, on_step, replay=self._replay,
-                                  set_hooks=self._set_hooks if self._sampled_hooks else None,
-                                  jump=hold_jump, hook_every=max(1, hook_every))
+                                  set_hooks=self._set_hooks if self._sampled_hooks else None)
         self._optimizers = Optimizers(self._steps, self._weights, self._boundary,
                                       self._inputs, self._timer, sc)
         for prefix, root in roots or []:
@@ -120,7 +120,7 @@ class Probe:
         if self.activations and self._armed:
             post = self._forward.post
             for c in layers:
-                self._layer_handles.append(pickling.own(
+                self._layer_handles.append(self._owned(
                     c.module.register_forward_hook(functools.partial(post, c))))
 
     def _set_hooks(self, on: bool) -> None:
@@ -134,11 +134,17 @@ class Probe:
             self._unhook(self._layer_handles)
             self._layer_handles = []
 
-    @staticmethod
-    def _unhook(handles: list[RemovableHandle]) -> None:
+    def _owned(self, handle: RemovableHandle) -> RemovableHandle:
+        """A hook of this probe on a module: told apart from the model's own (`replay`),
+        and left out of pickles and copies (`pickling.own`)."""
+        self._own.add(handle.id)
+        return pickling.own(handle)
+
+    def _unhook(self, handles: list[RemovableHandle]) -> None:
         for h in handles:
             h.remove()
             pickling.release(h)
+            self._own.discard(h.id)
 
     def _discover(self, on: bool) -> None:
         """The global pre-hook that finds models (no model given) in, or out. It puts
@@ -176,8 +182,8 @@ class Probe:
         breaks the graph before the forward and calls them as they are."""
         pre = torch._dynamo.disable(self._root_pre, recursive=True)
         post = torch._dynamo.disable(self._root_post, recursive=True)
-        self._handles.append(pickling.own(root.register_forward_pre_hook(pre, with_kwargs=True)))
-        self._handles.append(pickling.own(root.register_forward_hook(post, always_call=True)))
+        self._handles.append(self._owned(root.register_forward_pre_hook(pre, with_kwargs=True)))
+        self._handles.append(self._owned(root.register_forward_hook(post, always_call=True)))
 
     def _found(self, module: nn.Module, args: tuple) -> None:
         """A model first called (no model given): its hooks hear its calls from the next
@@ -268,6 +274,8 @@ class Probe:
     @guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         self._optimizers.post(opt, args, kwargs)
+        if self._replay is not None:  # the calls so far ran on weights an update changed
+            self._replay.new_step()  # (a GAN's other optimizer): they are not replayed
 
     # -- the run's step API (`report.run.Recorder`) -----------------------------------
     @guarded
@@ -338,6 +346,19 @@ class Probe:
     def flush(self) -> None:
         """At exit: move the last update's weight norms into the last row."""
         self._boundary.flush()
+
+    def close_trailing(self) -> None:
+        """At exit: backwards heard after the last step boundary (iterations whose
+        optimizer step a GradScaler skipped, a loop that stopped between its backward and
+        its step) become one last step, so that they are judged. A failure here stops the
+        probe (`_fail`), never the user's own exit or exception."""
+        if self.failed or not self._backwards.any_heard or self._optimizers.others_stepped \
+                or not (self.steps_seen or self.manual_steps):
+            return
+        try:
+            self._boundary.close(None)
+        except Exception as exc:  # noqa: BLE001 - the engine's own failure, told as such
+            self._fail(exc, "the last step, at exit")
 
     def close_partial(self) -> None:
         """At exit of a loop that never stepped: what was recorded becomes one step (why,

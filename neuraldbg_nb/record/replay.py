@@ -15,8 +15,9 @@ statistics, counters) and the RNG states, so the training goes on as if no repla
 
 A replay is refused, with the reason (`Replay.refusal`), where it cannot be exact or
 safe: a sharded model (FSDP gathers its weights in collectives), arguments changed in
-place since the forward (their `_version` moved), or a forward that raises when run
-again. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
+place since the forward (their `_version` moved), forward hooks of the model's own (the
+user's or a library's would hear the call a second time: a side effect of the program's),
+or a forward that raises when run again. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
 module inside it is replayed (`discovery.unwrapped`), so no collective runs.
 """
 
@@ -29,8 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.modules import module as nn_module
 
 from .discovery import unwrapped
+
+_PURE_HOOKS = ("WeightNorm", "SpectralNorm")
+"""Forward pre-hooks of `torch.nn.utils` that compute a weight from its parts before each
+forward: part of the forward itself, so a replay runs them (their buffers are restored)."""
 
 _DEVICE_TYPES = ("cpu", "cuda")
 """Autocast states remembered (the device types a forward runs under autocast on)."""
@@ -94,7 +100,10 @@ class Call:
 class Replay:
     """The step's training calls, and their replay at an anomalous step."""
 
-    def __init__(self) -> None:
+    def __init__(self, own: set[int] | None = None) -> None:
+        """`own`: the ids of the watch's own hooks on modules (the layer and root hooks),
+        kept up to date by the probe; any other forward hook is the model's own."""
+        self._own = own if own is not None else set()
         self.calls: list[Call] = []
         self.active = False
         """A replay is running: the root hooks record nothing (its input is the step's)."""
@@ -124,6 +133,26 @@ class Replay:
             if any(t._version != v for t, v in zip(c.tensors, c.versions)):
                 return ("the model's inputs were changed in place after its forward, so its "
                         "forward cannot be run again as it ran")
+            hooked = self._foreign_hook(c.module)
+            if hooked is not None:
+                return (f"{hooked} has forward hooks of its own, which would hear the call "
+                        f"again")
+        return None
+
+    def _foreign_hook(self, root: nn.Module) -> str | None:
+        """The first module of `root` (by name; "the model" for the root) with a forward
+        hook or pre-hook that is not the watch's own nor a weight reparametrisation's
+        (`torch.nn.utils.weight_norm`, `spectral_norm`: they compute the weight the forward
+        uses, and change only buffers, which a replay restores); also for PyTorch's global
+        module hooks. None where there is none."""
+        if any(k not in self._own for k in nn_module._global_forward_hooks) or any(
+                k not in self._own for k in nn_module._global_forward_pre_hooks):
+            return "a global module hook"
+        for name, m in root.named_modules():
+            for hooks in (m._forward_hooks, m._forward_pre_hooks):
+                if any(k not in self._own and type(h).__name__ not in _PURE_HOOKS
+                       for k, h in hooks.items()):
+                    return name or "the model"
         return None
 
     def run(self, arm: Callable[[], None], disarm: Callable[[], None]) -> bool:
@@ -180,17 +209,69 @@ class _autocast:
             c.__exit__(*exc)
 
 
-def anomalous(loss: float, loss_heard: bool, grad_finite: bool, grads: list[float],
-              before_loss: float, before_grads: list[float], jump: float) -> bool:
-    """Do the cheap signals of a step say it went wrong? A non-finite loss or gradient
-    norm (`grad_finite`: every gradient read was finite), or a loss or a layer's gradient
-    norm that moved by `jump` or more (either way) since the step before. `grads` and
-    `before_grads` are per layer, NaN where a layer had no gradient."""
+RECENT = 8
+"""Steps before a step that its every-step numbers are compared with (`anomalous`): their
+range, so that a number swinging within its own recent range (a loss near an exact fit,
+gradients of a deep network) is not taken for a failure at every swing."""
+GRAD_JUMP = 10.0
+"""The gradients' total norm (over every layer) that left its recent range by this factor
+(above its largest or below its smallest) makes its step worth replaying. A single layer's
+gradient norm is no such sign: in a deep ReLU network one layer's swings by 10-1000x from
+batch to batch while the model is healthy; a forward that went wrong (an activation that
+jumped, a weight that blew up) moves the gradients of every layer before it, and the total
+with them."""
+LOSS_RISE = math.sqrt(10.0)
+"""A loss that rose by this factor above its recent largest (a fall never counts)."""
+INPUT_JUMP = math.sqrt(10.0)
+"""An input batch whose abs-max moved by this factor or more either way since the step
+before (its first layer's output moves with it: `detect.data`)."""
+WEIGHT_MOVE = 1.5
+"""A layer's weight norm that the last update moved by this factor or more either way
+(healthy updates move a weight's norm by a few percent): the step's forward ran on weights
+unlike the last measured ones."""
+LR_MOVE = 2.0
+"""A learning rate that moved by this factor or more at a step's update: the forward after
+it is hooked (`Boundary`), as the update is expected to move the weights unlike before."""
+# The factors are the recording's own, not read from the thresholds: what is recorded never
+# depends on them, so a run re-judged under other thresholds reads the same numbers.
+
+
+def grad_total(grads: np.ndarray) -> np.ndarray:
+    """The gradients' total norm of each row of (steps, layers) per-layer norms (NaN where
+    no layer was measured)."""
+    with np.errstate(invalid="ignore"):
+        sq = np.nansum(np.square(grads, dtype=np.float64), axis=-1)
+    return np.where(np.isnan(grads).all(axis=-1), np.nan, np.sqrt(sq))
+
+
+def anomalous(loss: float, loss_heard: bool, grad_finite: bool, total: float,
+              recent_loss: np.ndarray, recent_total: np.ndarray, *,
+              inputs: tuple[float, float] = (math.nan, math.nan),
+              weights: tuple[list[float], list[float]] = ([], [])) -> bool:
+    """Do the every-step numbers of a step say that its forward went wrong? A non-finite
+    loss or gradient norm (`grad_finite`: every gradient read was finite); a loss that rose
+    by `LOSS_RISE` above its largest of the `RECENT` steps before (`recent_loss`); the
+    gradients' total norm (`grad_total`) that left the range of theirs (`recent_total`) by
+    `GRAD_JUMP`; the input's abs-max (`inputs`: the step before, now) moved by
+    `INPUT_JUMP`; a weight norm that the last update moved by `WEIGHT_MOVE` (`weights`:
+    per layer, after the update before it and after it; NaN where not measured)."""
     if not grad_finite or (loss_heard and not math.isfinite(loss)):
         return True
-    if _moved(before_loss, loss, jump):
+    losses = recent_loss[recent_loss > 0]
+    if len(losses) and loss / float(losses.max()) >= LOSS_RISE:
         return True
-    return any(_moved(b, g, jump) for b, g in zip(before_grads, grads))
+    totals = recent_total[recent_total > 0]
+    if len(totals) and total > 0 and (total >= GRAD_JUMP * float(totals.max())
+                                      or total * GRAD_JUMP <= float(totals.min())):
+        return True
+    if _moved(*inputs, INPUT_JUMP):
+        return True
+    return any(_moved(b, w, WEIGHT_MOVE) for b, w in zip(*weights))
+
+
+def lr_moved(before: float, now: float) -> bool:
+    """Did the learning rate move by `LR_MOVE` or more at this step's update?"""
+    return _moved(before, now, LR_MOVE)
 
 
 EDITED = 0.1
@@ -211,8 +292,8 @@ def edited(moved: np.ndarray, norms: np.ndarray) -> bool:
 
 
 def _moved(before: float, now: float, jump: float) -> bool:
-    """Did a finite, positive value move by `jump` or more either way? (NaN: not measured,
-    moves nothing.)"""
+    """Did a positive value move by `jump` or more either way? (NaN: not measured, moves
+    nothing; a finite value that became infinite moved.)"""
     if not (before > 0 and now > 0):
         return False
     q = now / before

@@ -3,6 +3,13 @@ steps (`is_reference_step`)."""
 
 from __future__ import annotations
 
+HOOK_EVERY = 4
+"""Under `layer_hooks="sampled"` the layer hooks are also on for every `HOOK_EVERY`-th step
+(their abs-max alone, the cheap path): each layer's recent level then has the `warmup` (5)
+values within the `window` (20) steps that a regime shift is measured against, and a
+replayed step's jump is judged against it. A constant, not read from the thresholds: what
+is recorded never depends on them, so a run re-judged under others reads the same numbers."""
+
 
 def is_reference_step(step: int) -> bool:
     """The reference steps, 0, 1, 2, 4, 8, ...: dense early, sparse later, log2(steps) in all: every

@@ -123,7 +123,7 @@ class WeightProbe:
         it (norms of the differences, queued on `sc`): a weight changed outside the
         optimizer, before the step's forward. None where there is no such copy (the first
         step, a weight replaced or frozen since)."""
-        plan = self._slices()[0]
+        plan = self._plan[0]  # as the last update left them (`after_update` checked them)
         if not self._out_read or not plan:
             return None
         now = reductions.stacked(plan)

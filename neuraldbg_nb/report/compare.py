@@ -18,7 +18,6 @@ part after the step's update (a learning rate, an optimizer), else the loss.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,8 +36,8 @@ MIN_DECADES = 0.5
 """...and never one under half a decade (a factor of about 3): runs of other seeds differ
 by less, a fault by more."""
 PERSIST = 5
-"""Steps from the parting step over which the difference must hold at most of them (a
-single noisy step does not part two runs)."""
+"""Measured steps from the parting step over which the difference must hold at most of them
+(a single noisy step does not part two runs)."""
 QUANTITIES = (("act_absmax", True), ("grad_norm", False), ("param_norm", True))
 """The key numbers of a layer, in the order a step computes them (the forward, the backward,
 the update: `param_norm` is the weights' norm after the step's update), each with whether
@@ -123,43 +122,47 @@ def _as_run(x: Run | str | Path) -> tuple[Run, str]:
 
 
 def _log(v: np.ndarray) -> np.ndarray:
-    """Decades of `v`: 0 as `TINY`, a non-finite value as +inf."""
-    out = np.full(v.shape, np.inf)
+    """Decades of `v`: 0 as `TINY`, an infinite value as +inf, NaN (not measured) kept."""
+    out = np.where(np.isnan(v), np.nan, np.inf)
     finite = np.isfinite(v)
     out[finite] = np.log10(np.maximum(np.abs(v[finite]), TINY))
     return out
 
 
-def _noise(x: np.ndarray) -> np.ndarray:
-    """Robust scale of the step-to-step changes of each column of `x` (finite ones)."""
-    with np.errstate(invalid="ignore"):  # inf - inf: not a change that is measured
-        d = np.abs(np.diff(x, axis=0))
-    d[~np.isfinite(d)] = np.nan
-    if not len(d):
-        return np.zeros(x.shape[1:])
-    with warnings.catch_warnings():  # a column never measured has no noise: 0
-        warnings.simplefilter("ignore", RuntimeWarning)
-        out = 1.4826 * np.nanmedian(d, axis=0)
-    return np.nan_to_num(np.asarray(out, float), nan=0.0)
+def _noise(x: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Robust scale of the changes of each column of `x` from one measured value to the
+    next, over the steps both runs measured (`measured`; a column measured on some steps
+    only, as activations are, is read over those), finite ones only."""
+    out = np.zeros(x.shape[1:])
+    for j in range(x.shape[1]):
+        col = x[measured[:, j], j]
+        with np.errstate(invalid="ignore"):  # inf - inf: not a change that is measured
+            d = np.abs(np.diff(col))
+        d = d[np.isfinite(d)]
+        if len(d):
+            out[j] = 1.4826 * float(np.median(d))
+    return out
 
 
 def _parted(xa: np.ndarray, xb: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
     """(steps x columns) whether the series part there and keep parted, and the threshold
     of each column."""
-    threshold = np.maximum(NOISE_FACTOR * np.maximum(_noise(xa), _noise(xb)), floor)
+    nan = np.isnan(xa) | np.isnan(xb)  # not measured in one of them: no evidence
+    threshold = np.maximum(NOISE_FACTOR * np.maximum(_noise(xa, ~nan), _noise(xb, ~nan)),
+                           floor)
     both_inf = np.isinf(xa) & np.isinf(xb) & (np.sign(xa) == np.sign(xb))
     with np.errstate(invalid="ignore"):
         diff = np.where(both_inf, 0.0, np.abs(xa - xb))
-    nan = np.isnan(xa) | np.isnan(xb)  # not measured in one of them: no evidence
     over = (diff > threshold) & ~nan
     decisive = (np.isposinf(xa) != np.isposinf(xb)) & ~nan
-    counted = (~nan).astype(int)
-    n = len(over)
     held = decisive.copy()
-    for t in np.flatnonzero(over.any(axis=1)):
-        window = slice(t, min(t + PERSIST, n))
-        seen = counted[window].sum(axis=0)
-        held[t] |= over[t] & (2 * over[window].sum(axis=0) > seen) & (seen >= WINDOW_MIN)
+    for j in np.flatnonzero(over.any(axis=0)):
+        rows = np.flatnonzero(~nan[:, j])  # the steps both runs measured, in order
+        parted = over[rows, j]
+        for k in np.flatnonzero(parted):
+            window = parted[k:k + PERSIST]  # the next `PERSIST` measured steps
+            if 2 * window.sum() > len(window) >= WINDOW_MIN:
+                held[rows[k], j] = True
     return held, threshold
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..trace.columns import LAYER_COLUMNS
-from .static import FONT, diagnosis_html, health_svg
+from .static import FONT, SEVERITY_COLORS, diagnosis_html, health_svg
 
 if TYPE_CHECKING:
     from .captures import Capture
@@ -33,7 +33,9 @@ body {{{FONT};margin:24px;color:#222;background:#fff;max-width:1000px}}
 h1 {{font-size:20px;margin:0 0 4px}} h2 {{font-size:16px;margin:22px 0 6px}}
 table {{border-collapse:collapse;font-size:12px}}
 td,th {{border-bottom:1px solid #e3e3e3;padding:2px 8px;text-align:left;vertical-align:top}}
-.error {{color:#b3261e}} .warning {{color:#9a6700}} .info {{color:#555}}
+tr.error td:first-child {{box-shadow:inset 4px 0 0 {SEVERITY_COLORS["error"]}}}
+tr.warning td:first-child {{box-shadow:inset 4px 0 0 {SEVERITY_COLORS["warning"]}}}
+tr.info td:first-child {{box-shadow:inset 4px 0 0 {SEVERITY_COLORS["info"]}}}
 .meta {{color:#555;font-size:13px}} code {{font-size:12px}}
 """
 

@@ -138,7 +138,7 @@ class Run:
         """What probably made the first failure happen there (a learning rate moved, its
         layer's weights changed outside the optimizer): `detect.causes`. Empty for a
         healthy run."""
-        return likely_causes(self.events, self.first_failure, self.thresholds)
+        return likely_causes(self.events, self.first_failure, self.thresholds, self.trace)
 
     @property
     def symptoms(self) -> list[Event]:

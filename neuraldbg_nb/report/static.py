@@ -10,6 +10,8 @@ script, no external resource.
 from __future__ import annotations
 
 import html
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..detect.states import LEVEL
@@ -18,10 +20,15 @@ from . import story
 if TYPE_CHECKING:
     from .run import Run
 
-STATE_COLORS = {0: "#ebebeb", 1: "#8fcabc", LEVEL["warning"]: "#e69f00",
-                LEVEL["error"]: "#b3176f"}
-"""Map code -> fill: no data, healthy, warning, error (`detect.states.LEVEL`): the live
-panel's light theme (`js/colors.ts`), so the static map reads as the panel's."""
+PALETTE = json.loads((Path(__file__).with_name("palette.json")).read_text(encoding="utf-8"))
+"""The colors of the states and severities, light and dark: one file that the live panel
+(`js/colors.ts`) and this static copy both read, so a severity has one color everywhere."""
+STATE_COLORS = dict(enumerate(PALETTE["light"]["states"]))
+"""Map code -> fill: no data, healthy, warning, error (`detect.states.LEVEL`), the panel's
+light theme (a static page does not know the reader's theme)."""
+SEVERITY_COLORS = {"healthy": STATE_COLORS[1], "warning": STATE_COLORS[LEVEL["warning"]],
+                   "error": STATE_COLORS[LEVEL["error"]], "info": PALETTE["light"]["info"]}
+"""Severity -> text or mark color, as the panel draws them."""
 STATE_NAMES = {0: "no data", 1: "healthy", LEVEL["warning"]: "warning",
                LEVEL["error"]: "error"}
 MAP_COLS = 120
@@ -96,11 +103,13 @@ def diagnosis_html(run: Run, with_map: bool = True, panel_note: bool = True) -> 
     `panel_note` adds the line that says it stands in for the live panel."""
     esc = html.escape
     root = run.first_failure
-    colour = STATE_COLORS[LEVEL["error"]] if root is not None else "#2e7d32"
+    colour = SEVERITY_COLORS["error"] if root is not None else "inherit"
+    headline, sentence = story.headline(run), failure_sentence(run)
     out = [(f"<div class='ndbg-static' style='{FONT};font-size:13px;line-height:1.4;"
            f"border:1px solid #ccc;border-radius:4px;padding:8px 10px;max-width:720px'>"),
-           f"<div style='font-weight:600'>{esc(story.headline(run))}</div>",
-           f"<div style='color:{colour};margin-top:4px'>{esc(failure_sentence(run))}</div>"]
+           f"<div style='font-weight:600'>{esc(headline)}</div>"]
+    if sentence != headline:  # with no failure, the sentence is the headline: said once
+        out.append(f"<div style='color:{colour};margin-top:4px'>{esc(sentence)}</div>")
     if root is not None:
         causes = run.likely_causes
         if causes:

@@ -22,6 +22,24 @@ SIGNAL_LABELS = {("weights_not_updated", "rounding"): " (half-precision updates 
 """What a group's line adds to its kind where one kind has several causes."""
 
 
+def watched_nothing(run: Run) -> str | None:
+    """Why a run that ended recorded no layer or no step, in a sentence (None: it did, or
+    it is still training): the one home of these words (the headline, the panel's note)."""
+    t = run.trace
+    if run.status == "training" or (t.n_steps > 0 and t.n_layers > 0):
+        return None
+    if t.n_steps == 0 and run.status in ("raised", "interrupted", "exited"):
+        return (f"nothing was watched: the cell {run.status_text} before its first "
+                "training step")
+    if t.n_layers == 0 and t.n_steps > 0:
+        steps = f"{t.n_steps} step{'s' * (t.n_steps != 1)}"
+        return (f"nothing was watched: no layer of a model was found (watched no layer in "
+                f"{steps}; the watch reads the nn.Module the cell trains"
+                + ("; see the notes)" if run.notes else ")"))
+    return ("nothing was watched: the cell ran no training step (no backward() and "
+            "optimizer.step() of a torch model)")
+
+
 def headline(run: Run) -> str:
     root = run.first_failure
     steps, layers = run.trace.n_steps, run.trace.n_layers
@@ -29,11 +47,9 @@ def headline(run: Run) -> str:
     who = "neuraldbg" if run.rank is None else f"neuraldbg [rank {run.rank[0]} of {run.rank[1]}]"
     if root is None and run.unstepped:
         return f"{who}: {run.unstepped} (see the note)."
-    if root is None and steps == 0 and run.status != "training":
-        return (f"{who}: watched nothing: no training step ran (no backward() and "
-                "optimizer.step() of a torch model).")
-    if root is None and layers == 0 and steps > 0:
-        return f"{who}: watched no layer in {steps} step{'s' * (steps != 1)} (see the note)."
+    nothing = watched_nothing(run) if root is None else None
+    if nothing is not None:
+        return f"{who}: {nothing}."
     if root is None:
         warnings = sum(e.severity == "warning" for e in run.events)
         extra = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""

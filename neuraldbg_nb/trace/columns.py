@@ -32,7 +32,8 @@ LAYER_COLUMNS: tuple[str, ...] = (
                       # of the same slice as param_norm; inf where w_before was all zeros)
     "update_unmoved",  # fraction of the same slice that this step's update left exactly as
                        # it was (sampled; half-precision weights only)
-    "act_absmax",     # max |output| (every step; inf when any output is non-finite)
+    "act_absmax",     # max |output| (the steps whose layer hooks were on: `hooked`; inf when
+                      # any output is non-finite)
     "act_mean",       # mean of the output (sampled)
     "act_std",        # std of the output (sampled)
     "zero_frac",      # fraction of exact zeros in the output (sampled)
@@ -49,7 +50,15 @@ LAYER_COLUMNS: tuple[str, ...] = (
 STEP_COLUMNS: tuple[str, ...] = (
     "loss", "lr",
     "in_absmax", "in_mean", "in_std", "in_zero_frac", "in_nonfinite", "in_const", "in_repeat",
+    "in_reiter",  # >0: the step's batches came from a DataLoader iterator made in the step
+                  # and dropped before its epoch ended (`next(iter(loader))`): the loader's
+                  # batches in an epoch (`record.loaders`)
+    "amp_scale_from", "amp_scale",  # the GradScaler's loss scale at the step's first and
+                                    # last scaled backward (`record.amp_scale.ScaleTrail`)
     "sampled",
+    "hooked",  # 1: the layers' forward hooks ran in the step's forward, or it was replayed
+               # (`record.replay`): its activation columns are measured; 0: they are not
+               # (NaN, in files written before it: read as 1)
     "eval_layers",  # dropout/BatchNorm layers of a model in eval mode as the backward
                     # starts (0: training mode; see `record.discovery.Models.layers_in_eval`)
     "grad_carried",  # 1: the step's gradients still held the last step's (no zero_grad;

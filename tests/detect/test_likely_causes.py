@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from models import mlp, train, weight_of
@@ -38,10 +39,12 @@ def weights_scaled(layer: str, factor: float):
     return {"on_step_start": hit}
 
 
-def trained(fault=None, steps: int = STEPS) -> ndbg.Run:
+def trained(fault=None, steps: int = STEPS, layer_hooks: str = "every") -> ndbg.Run:
+    """Every step's activations are recorded (`layer_hooks="every"`), so that each
+    failure's step is its own activation jump's, judged against every step before it."""
     setup = mlp()
     kw = {} if fault is None else fault(setup)
-    with ndbg.watch(setup.model, report=False) as run:
+    with ndbg.watch(setup.model, report=False, layer_hooks=layer_hooks) as run:
         train(setup, steps, **kw)
     return run
 
@@ -75,6 +78,17 @@ def test_a_learning_rate_raised_before_the_failure_is_its_likely_cause(tmp_path)
     assert math.isclose(cause.previous, 0.05) and math.isclose(cause.value, 1.5)
     assert cause.text == (f"the learning rate went 0.05 -> 1.5 at step {S}, 1 step before: "
                           f"a likely cause")
+
+
+def test_with_sampled_layer_hooks_the_raised_learning_rate_is_still_named() -> None:
+    """Under the default sampled hooks the step after the move is hooked (the learning
+    rate moved 30x), and the recent level a jump is judged against is read from the
+    hooked steps: the first failure comes within two steps and the move is named."""
+    run = trained(lambda setup: lr_raised(30), layer_hooks="sampled")
+    root = run.first_failure
+    assert root is not None and root.step in (S + 1, S + 2), root
+    assert not np.isnan(run.trace.col("act_absmax", S + 1, S + 2)).all()  # hooked
+    assert [c.kind for c in run.likely_causes] == ["lr_change"]
 
 
 def test_weights_multiplied_outside_the_optimizer_are_the_likely_cause(tmp_path) -> None:

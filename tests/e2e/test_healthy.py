@@ -19,6 +19,7 @@ from torch import nn
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.live.scans import ScanSchedule
+from neuraldbg_nb.record.sampler import HOOK_EVERY
 
 STEPS = 200
 
@@ -74,14 +75,19 @@ def test_healthy_training_to_a_near_perfect_fit_is_quiet(arch):
     _assert_quiet(run, losses)
 
 
-def test_healthy_runs_record_every_layer_every_step():
+def test_healthy_runs_record_every_layer_at_every_measured_step():
+    """Every layer's activations at the steps whose layer hooks were on (sampled,
+    reference and every `HOOK_EVERY`-th step: none replayed in a healthy run), NaN (not
+    measured) at the others; gradients, the loss and weights at every step."""
     _, run, _ = _train_watched("cnn", label_noise=0.1)
     names = run.trace.layer_names
     # forward execution order; dropout-like/reshape modules are not layers
     assert names[:6] == ["0", "1", "2", "3", "4", "5"]
     assert "7" not in names  # nn.Flatten
+    hooked = run.trace.scalar("hooked") == 1
+    assert hooked[::HOOK_EVERY].all() and 0 < hooked.sum() < STEPS / 2
     a = run.trace.col("act_absmax")
-    assert torch.isfinite(torch.from_numpy(a)).all()
+    assert np.isfinite(a[hooked]).all() and np.isnan(a[~hooked]).all()
     g = run.trace.col("grad_norm")
     for i, info in enumerate(run.trace.layers):
         if info.has_params:

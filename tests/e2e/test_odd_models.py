@@ -23,7 +23,7 @@ from loops import (
     task_batches,
     task_loop,
 )
-from models import mlp, train, transformer
+from models import measured, mlp, train, transformer
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -119,7 +119,7 @@ def test_odd_outputs_are_watched(kind):
     assert_no_errors(run)
     names = run.trace.layer_names
     assert faulty in names, names
-    a = run.trace.col("act_absmax")[:, names.index(faulty)]
+    a = measured(run)[:, names.index(faulty)]
     assert np.isfinite(a).all() and (a > 0).all(), f"{faulty} activations not measured"
     assert np.isfinite(run.trace.scalar("in_absmax")).all()
     assert leftover_module_hooks(model) == []
@@ -219,8 +219,9 @@ def test_sparse_outputs_and_inputs_are_read_through_their_stored_values(sample_e
             opt.zero_grad()
             F.cross_entropy(model(x[step, :, :6].to_sparse()), y[step]).backward()
             opt.step()
-    traced = run.trace.col("act_absmax")[:, run.trace.layer_names.index("sparse")]
-    np.testing.assert_allclose(traced, seen, rtol=1e-6)
+    hooked = run.trace.scalar("hooked") == 1
+    traced = measured(run)[:, run.trace.layer_names.index("sparse")]
+    np.testing.assert_allclose(traced, np.array(seen)[hooked], rtol=1e-6)
     assert np.isfinite(run.trace.scalar("in_absmax")).all()
     ff = run.first_failure
     assert ff is not None and (ff.step, ff.layer) == (S, "sparse"), ff
@@ -329,7 +330,7 @@ def test_gradient_checkpointing_keeps_forward_order_and_finds_the_fault(reentran
         task_loop(model, STEPS, on_step_start=corrupt)
     assert run.trace.layer_names == ["stem", "block.0", "block.1", "block.2", "block.3",
                                      "head"]
-    assert not np.isnan(run.trace.col("act_absmax")).any(), "the block is recorded"
+    assert not np.isnan(measured(run)).any(), "the block is recorded"
     first = run.first_failure
     assert first is not None and (first.layer, first.step) == ("block.0", S), first
 
@@ -363,7 +364,7 @@ def test_a_frozen_backbone_run_under_no_grad_inside_the_forward_is_recorded():
     with ndbg.watch(model, report=False) as run:
         task_loop(model, STEPS, on_step_start=corrupt,
               opt=torch.optim.SGD(model.head.parameters(), lr=0.05))
-    assert not np.isnan(run.trace.col("act_absmax")).any()
+    assert not np.isnan(measured(run)).any()
     assert run.notes == []
     first = run.first_failure
     assert first is not None and (first.layer, first.step) == ("backbone.2", S), first
@@ -382,7 +383,7 @@ def test_frozen_parameters_are_not_vanishing():
     names = run.trace.layer_names
     g = run.trace.col("grad_norm")[:, names.index("0")]
     assert np.isnan(g).all(), "a frozen layer has no gradient: not measured, not 0"
-    assert np.isfinite(run.trace.col("act_absmax")[:, names.index("0")]).all()
+    assert np.isfinite(measured(run)[:, names.index("0")]).all()
 
 
 def test_frozen_layer_fault_is_still_found():
@@ -473,6 +474,6 @@ def test_torch_func_transforms_of_the_model_are_left_out_not_a_crash():
             loss.backward()
             opt.step()
     assert run.status == "finished" and not any("stopped" in n for n in run.notes)
-    assert np.isfinite(run.trace.col("act_absmax")).all()
+    assert np.isfinite(measured(run)).all()
     ff = run.first_failure
     assert ff is not None and (ff.layer, ff.step) == ("2", 30), ff

@@ -68,8 +68,9 @@ def test_an_engine_error_stops_the_watch_not_the_training(
     pre = setup.model[0].register_forward_pre_hook(arm_in_forward) if where == "post" else None
     try:
         stopped = f"neuraldbg stopped watching at step {recorded}"
+        # every step's layer hooks: each part named runs at each step, the fault's too
         with pytest.warns(RuntimeWarning, match=stopped), \
-                ndbg.watch(setup.model, report=False) as run:
+                ndbg.watch(setup.model, report=False, layer_hooks="every") as run:
             watched = train(setup, 20, on_step_start=arm)
     finally:
         if pre is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _jupyter import LAB, NOTEBOOK7, UI, Server
+from _jupyter import LAB, NOTEBOOK7, TWO_RUNS_SETUP, UI, Server, write_notebook
 from test_browser import (  # noqa: F401 - `jupyter` is the module's server fixture
     _artifacts,
     _cell,
@@ -39,30 +39,7 @@ INSPECTOR_S = 0.5
 """A click on an event shows the inspector's charts within this (seconds, click to SVG in
 the page, kernel round trip included); the charts are made when training ends."""
 
-SETUP = """\
-import neuraldbg_nb as ndbg
-import torch
-from torch import nn
-torch.set_num_threads(1)
-
-def recipe(seed):
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
-                          nn.Linear(32, 4))
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
-
-g = torch.Generator().manual_seed(0)
-X, Y = torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g)
-
-def train(model, opt, fault_at=None):
-    for step in range(60):
-        if step == fault_at:
-            with torch.no_grad():
-                model[2].weight.mul_(1000)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(X[step % 8::8]), Y[step % 8::8]).backward()
-        opt.step()
-print("READY")"""
+SETUP = TWO_RUNS_SETUP
 
 HEALTHY = "%%neuraldbg\nmodel_a, opt_a = recipe(0)\ntrain(model_a, opt_a)"
 BROKEN = "%%neuraldbg\nmodel_b, opt_b = recipe(1)\ntrain(model_b, opt_b, fault_at=30)"
@@ -77,16 +54,6 @@ print("B_FIRST", b.first_failure and (b.first_failure.layer, b.first_failure.ste
 CELLS = [SETUP, HEALTHY, BROKEN, HELP, NOTHING, CHECK]
 
 
-def _write(path: Path) -> None:
-    cells = [{"cell_type": "code", "execution_count": None, "id": f"t{i}", "metadata": {},
-              "outputs": [], "source": src} for i, src in enumerate(CELLS)]
-    path.write_text(json.dumps({
-        "cells": cells, "nbformat": 4, "nbformat_minor": 5,
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
-                                    "language": "python", "name": "python3"},
-                     "language_info": {"name": "python"}}}, indent=1))
-
-
 def _luminance(css_color: str) -> float:
     r, g, b = (int(v) for v in re.findall(r"\d+", css_color)[:3])
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
@@ -99,7 +66,7 @@ def test_panels_tell_the_truth(jupyter: tuple[Server, Any], ui: UI) -> None:  # 
         out = _artifacts(f"trust-{ui.name}")
         for old in out.glob("*.png"):
             old.unlink()
-        _write(server.root / notebook)
+        write_notebook(server.root / notebook, CELLS)
         _drive(server, page, ui, notebook, out)
 
 

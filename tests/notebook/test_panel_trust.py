@@ -48,9 +48,11 @@ def _mlp() -> nn.Sequential:
 def test_a_dead_layers_zeros_are_drawn_and_named_not_dropped() -> None:
     run = _train(_mlp(), _kill_relu)
     html = inspector.inspector_html(run, "1", FAULT + 2)
-    # the activation charts of the dead ReLU: the zeros from FAULT on are on the chart
+    # the activation charts of the dead ReLU: the zeros of the steps measured from FAULT
+    # on (those whose layer hooks were on) are on the chart
+    measured = int((run.trace.scalar("hooked")[FAULT:] == 1).sum())
     zeros = [int(n) for n in re.findall(r"exactly 0 at (\d+) step", html)]
-    assert zeros and max(zeros) >= STEPS - FAULT - 1, zeros
+    assert measured >= 3 and zeros and max(zeros) >= measured - 1, (zeros, measured)
     # the x-axis spans the run, not only the steps with a drawable value
     assert f"values from 0 to {STEPS - 1}" in html or f"0 to {STEPS - 1}" in html, \
         re.findall(r"X-axis[^\"]*", html)[:3]

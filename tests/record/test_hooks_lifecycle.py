@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import ORIGINAL_BACKWARD, leftover_global_hooks, leftover_module_hooks
-from models import mlp, train
+from models import measured, mlp, train
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -110,8 +110,12 @@ def test_nested_watches_each_count_their_own_steps():
     expected = torch.stack(losses).double().numpy()
     np.testing.assert_allclose(outer.trace.scalar("loss"), expected, rtol=1e-6)
     np.testing.assert_allclose(inner.trace.scalar("loss"), expected[10:30], rtol=1e-6)
-    for col in ("grad_norm", "act_absmax"):
-        np.testing.assert_array_equal(inner.trace.col(col), outer.trace.col(col)[10:30])
+    np.testing.assert_array_equal(inner.trace.col("grad_norm"),
+                                  outer.trace.col("grad_norm")[10:30])
+    both = (inner.trace.scalar("hooked") == 1) & (outer.trace.scalar("hooked")[10:30] == 1)
+    assert both.any()  # each hooks the steps of its own count: where both did, the same
+    np.testing.assert_array_equal(inner.trace.col("act_absmax")[both],
+                                  outer.trace.col("act_absmax")[10:30][both])
     np.testing.assert_array_equal(inner.trace.scalar("in_absmax"),
                                   outer.trace.scalar("in_absmax")[10:30])
 
@@ -280,7 +284,7 @@ def test_two_optimizers_gan_loop():
     for name in ("G.0", "D.0"):
         col = g[1:, names.index(name)]
         assert np.isfinite(col).all() and (col > 0).all(), name
-    a = run.trace.col("act_absmax")
+    a = measured(run)
     assert np.isfinite(a[:, names.index("G.2")]).all()
     assert not [str(e) for e in run.events if e.severity == "error"]
 

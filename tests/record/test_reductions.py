@@ -130,7 +130,7 @@ def test_a_channels_last_cnn_gets_the_true_abs_max_of_every_layer() -> None:
     seen: dict[str, list[float]] = {}
     hooks = [m.register_forward_hook(lambda m, a, y, n=n: seen.setdefault(n, []).append(
         y.detach().abs().max().item())) for n, m in model.named_children()]
-    with ndbg.watch(model, report=False, sample_every=1000) as run:
+    with ndbg.watch(model, report=False, layer_hooks="every", sample_every=1000) as run:
         for _ in range(6):
             x = torch.randn(5, 3, 8, 8).contiguous(memory_format=torch.channels_last)
             opt.zero_grad()
@@ -240,7 +240,7 @@ def test_relu_maxima_taken_from_the_layer_before_match_the_real_ones() -> None:
                 out.detach().abs().max().item()))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
-    with ndbg.watch(model, report=False) as run:
+    with ndbg.watch(model, report=False, layer_hooks="every") as run:
         for step in range(6):
             if step == 4:
                 with torch.no_grad():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as nd
-from neuraldbg_nb.record.replay import Replay, anomalous
+from neuraldbg_nb.record.replay import Replay, anomalous, grad_total
 
 REPLAYED = 5
 
@@ -28,7 +28,8 @@ def _train(replay_at: int | None, *, autocast: bool = False, micro: int = 1,
     torch.manual_seed(0)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    replay = Replay()
+    own: set[int] = set()  # the test's hooks play the watch's own
+    replay = Replay(own)
     kept: dict[str, list[torch.Tensor]] = {"train": [], "replay": []}
     where = {"now": None}
 
@@ -48,6 +49,7 @@ def _train(replay_at: int | None, *, autocast: bool = False, micro: int = 1,
 
     handles = [m.register_forward_hook(keep) for m in model]
     handles.append(model.register_forward_pre_hook(record, with_kwargs=True))
+    own.update(h.id for h in handles)
     if replay_at is not None:
         handles.append(opt.register_step_pre_hook(pre))
     losses = []
@@ -107,24 +109,60 @@ def test_inputs_changed_in_place_refuse_the_replay():
     assert replay.refused is not None and replay.replays == 0
 
 
+@pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning")
+def test_a_model_with_forward_hooks_of_its_own_is_not_replayed():
+    """The model's own forward hooks (a user's feature logger) would hear a replayed call
+    as a second forward: the replay is refused and says where; a weight-norm
+    reparametrisation's pre-hook is part of the forward and does not refuse it."""
+    model = _model()
+    replay = Replay()
+    x = torch.randn(4, 12)
+    replay.record(model, (x,), {})
+    assert replay.refusal() is None
+    nn.utils.weight_norm(model[0])
+    assert replay.refusal() is None
+    calls: list[int] = []
+    h = model[4].register_forward_hook(lambda m, a, y: calls.append(1))
+    try:
+        assert "4 has forward hooks of its own" in (replay.refusal() or "")
+        assert not replay.run(lambda: None, lambda: None) and not calls
+    finally:
+        h.remove()
+
+
 def test_anomalous_reads_non_finite_values_and_jumps():
-    grads = [1.0, 2.0]
-    assert not anomalous(0.5, True, True, grads, 0.5, grads, 10.0)
-    assert anomalous(math.nan, True, True, grads, 0.5, grads, 10.0)
-    assert anomalous(0.5, True, False, grads, 0.5, grads, 10.0)
-    assert anomalous(0.5, True, True, [1.0, 30.0], 0.5, grads, 10.0)
-    assert anomalous(60.0, True, True, grads, 0.5, grads, 10.0)
-    assert not anomalous(0.5, True, True, [math.nan, 2.0], 0.5, grads, 10.0)
+    losses = np.array([0.5, 0.4, 0.6])
+    totals = np.array([2.0, 3.0, 2.5])
+
+    def went_wrong(loss=0.5, total=2.5, finite=True, **kw):
+        return anomalous(loss, True, finite, total, losses, totals, **kw)
+
+    assert not went_wrong()
+    assert went_wrong(loss=math.nan)
+    assert went_wrong(finite=False)
+    assert went_wrong(loss=2.0)  # 3.3x above the recent largest
+    assert not went_wrong(loss=0.01)  # a fall is no failure
+    assert went_wrong(total=31.0) and went_wrong(total=0.1)  # out of the range 10x
+    assert not went_wrong(total=20.0)  # within 10x of the range: a deep net's swing
+    assert went_wrong(inputs=(1.0, 255.0)) and went_wrong(inputs=(1.0, math.inf))
+    assert not went_wrong(inputs=(1.0, 2.0))
+    assert went_wrong(weights=([1.0, 2.0], [1.0, 4.0]))
+    assert not went_wrong(weights=([1.0, 2.0], [1.01, 2.02]))
+    assert not anomalous(0.5, True, True, 2.5, np.array([]), np.array([]))  # no history
 
 
-def _watched(monkeypatch, mode: str, fault_at: int):
-    monkeypatch.setenv("NEURALDBG_LAYER_HOOKS", mode)
+def test_the_gradients_total_is_over_the_layers_measured():
+    g = np.array([[3.0, 4.0, np.nan], [np.nan, np.nan, np.nan]])
+    assert grad_total(g)[0] == 5.0 and np.isnan(grad_total(g)[1])
+
+
+def _watched(mode: str, fault_at: int):
     torch.manual_seed(0)
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     losses = []
-    with nd.watch(model) as run:
+    with nd.watch(model, layer_hooks=mode) as run:
         for step in range(30):
             x, y = torch.randn(16, 12, generator=g), torch.randint(0, 3, (16,), generator=g)
             if step == fault_at:
@@ -138,10 +176,10 @@ def _watched(monkeypatch, mode: str, fault_at: int):
     return run, losses
 
 
-def test_a_replayed_step_reads_what_the_hooks_read(monkeypatch):
+def test_a_replayed_step_reads_what_the_hooks_read():
     fault = 23  # not a sampled step (every 10th) nor a reference one (powers of 2)
-    every, l_every = _watched(monkeypatch, "every", fault)
-    sampled, l_sampled = _watched(monkeypatch, "sampled", fault)
+    every, l_every = _watched("every", fault)
+    sampled, l_sampled = _watched("sampled", fault)
     assert l_every[:fault] == l_sampled[:fault]
     np.testing.assert_array_equal(sampled.trace.col("act_absmax", fault, fault + 1),
                                   every.trace.col("act_absmax", fault, fault + 1))

@@ -1,4 +1,4 @@
-"""Layer hooks on some steps only (`layer_hooks="sampled"`): on for the forwards of the
+"""Layer hooks on some steps only (`layer_hooks="sampled"`, the default): on for the forwards of the
 steps that read them, off on the others; a step that went wrong is replayed, so a
 non-finite value is found at its own step and layer; the training is unchanged."""
 
@@ -13,11 +13,6 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import neuraldbg_nb as nd
-
-
-@pytest.fixture(autouse=True)
-def _sampled(monkeypatch):
-    monkeypatch.setenv("NEURALDBG_LAYER_HOOKS", "sampled")
 
 
 def _model() -> nn.Module:
@@ -174,3 +169,73 @@ def test_edited_reads_moves_against_the_weights_norm():
     assert not edited(np.array([0.01, 0.0, np.nan]), w)  # a small move: a clamp, a decay
     assert edited(np.array([0.5, 0.0, np.nan]), w)
     assert edited(np.array([np.inf, 0.0, np.nan]), w)
+
+
+def test_the_step_after_a_learning_rate_move_is_hooked():
+    """The learning rate raised 30x at step 13's update: the forward after it is hooked
+    (the weights it runs on moved unlike before), a step that would not be otherwise."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[int] = []
+    with nd.watch(model, report=False):
+        for step, (x, y) in enumerate(_batches(20)):
+            if step == 13:
+                for g in opt.param_groups:
+                    g["lr"] *= 30
+            seen.append(sum(len(m._forward_hooks) for m in model))
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert seen[13] == 0 and seen[14] > 0 and seen[15] == 0
+
+
+def test_a_gan_step_replays_only_the_calls_after_the_other_optimizers_update():
+    """The discriminator's optimizer closes the step; the generator's update comes before
+    the next forward. A step replayed at the discriminator's step reads, bit for bit,
+    what every-step hooks read there: the generator's call made before its own update is
+    not run again on the updated weights."""
+    from models import gan
+
+    fakes: list[float] = []
+
+    def run(mode: str):
+        g = gan()
+        at = 13  # not hooked: not sampled, not a power of 2 nor a multiple of 4
+        bce = nn.functional.binary_cross_entropy_with_logits
+        with nd.watch({"G": g.G, "D": g.D}, report=False, layer_hooks=mode) as r:
+            for step in range(20):
+                if step == at:
+                    with torch.no_grad():
+                        g.D[0].weight.mul_(40.0)
+                real = torch.randn(32, 2, generator=g.gen) + 2.0
+                z = torch.randn(32, 4, generator=g.gen)
+                g.opt_d.zero_grad()
+                fake = g.G(z).detach()
+                if step == at:
+                    fakes.append(fake.abs().max().item())
+                (bce(g.D(real), torch.ones(32, 1))
+                 + bce(g.D(fake), torch.zeros(32, 1))).backward()
+                g.opt_d.step()
+                g.opt_g.zero_grad()
+                bce(g.D(g.G(z)), torch.ones(32, 1)).backward()
+                g.opt_g.step()
+        return r, at
+
+    every, at = run("every")
+    sampled, _ = run("sampled")
+    assert sampled.trace.scalar("hooked")[at - 2] == 0 and sampled.recorder.replays >= 1
+    assert sampled.trace.scalar("hooked")[at] == 1  # replayed
+    names = sampled.trace.layer_names
+    got = sampled.trace.col("act_absmax", at, at + 1)[0]
+    d = [i for i, n in enumerate(names) if n.startswith("D")]
+    np.testing.assert_array_equal(got[d], every.trace.col("act_absmax", at, at + 1)[0][d])
+    # the generator's: its call of the step itself (every-step hooks also count its call
+    # for the generator's own update of the step before, which ran on other weights)
+    assert got[names.index("G.2")] == pytest.approx(fakes[1], rel=1e-6)
+    np.testing.assert_array_equal(sampled.trace.scalar("loss"), every.trace.scalar("loss"))
+
+
+def test_layer_hooks_takes_sampled_or_every():
+    with pytest.raises(ValueError, match="layer_hooks must be 'sampled' or 'every'"):
+        nd.watch(nn.Linear(2, 2), layer_hooks="some")
