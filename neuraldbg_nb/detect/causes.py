@@ -17,7 +17,10 @@ blame, since they are someone's deliberate change rather than a failure:
 - an update that exploded applied the same step's exploding gradient at a learning rate
   that did not move: the gradient is what failed ("gradient");
 - early in the run, the first step's gradients grow by a steady factor per layer toward
-  the input (`growth`): the initialisation amplifies the backward signal ("init").
+  the input (`growth`): the initialisation amplifies the backward signal ("init");
+- the learning rate rose steadily, `RISE` times or more, and was still rising as the
+  failure began (a warm-up that never stops): no single move is large enough to be an
+  "lr_change", yet the updates outgrow what the model bears ("lr_rise").
 
 Pure functions of the events, the thresholds and the trace's first step, so a live run, a
 re-classified one and a saved and loaded one give the same causes.
@@ -28,12 +31,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from ..trace.columns import Trace
 from .events import Event
 from .growth import growth
 from .thresholds import Thresholds
 
 _GRADIENT = ("exploding_gradient", "nonfinite_gradient")
+RISE = 10.0
+"""The factor by which a learning rate that rose steadily up to the first failure has to
+have risen, from its first positive value, to be named as its cause."""
+STEADY_RISE = 0.9
+"""Fraction of the steps up to the failure at which the learning rate did not fall."""
+_NOT_LR = ("data_anomaly", "lr_change", "eval_mode", "grads_not_zeroed", "no_gradients",
+           "step_repeated", "not_in_optimizer", "cut_off")
+"""Kinds of a first failure that a learning rate does not cause: the data, the learning
+rate's own moves, the loop's bugs."""
 
 
 @dataclass(frozen=True)
@@ -43,19 +57,21 @@ class Cause:
     kind: str
     """"lr_change" (the learning rate moved), "edited" (weights changed outside the
     optimizer), "reset" (weights lost most of their size in one update), "gradient" (the
-    update applied an exploding gradient) or "init" (gradients grow per layer toward the
-    input from the first step)."""
+    update applied an exploding gradient), "init" (gradients grow per layer toward the
+    input from the first step) or "lr_rise" (the learning rate rose steadily into the
+    failure; `step`: where the rise starts)."""
     step: int
     """The step it happened during."""
     layer: str | None
     """The layer whose weights changed; None for a learning rate."""
     value: float
-    """The learning rate after the move, the weights' change (a factor of their size) or
-    norm after the update, the gradient's norm, or the per-layer growth factor."""
+    """The learning rate after the move or the rise, the weights' change (a factor of their
+    size) or norm after the update, the gradient's norm, or the per-layer growth factor."""
     previous: float
     """The learning rate before the move, the optimizer's own update (a factor of the
     weights' size), the weights' norm before the update, the learning rate the gradient
-    was applied at, or the first layer's gradient norm."""
+    was applied at, the first layer's gradient norm, or the learning rate the rise started
+    from."""
     text: str
     """The sentence the story, the panel and the CLI say next to the first failure."""
 
@@ -74,10 +90,38 @@ def likely_causes(events: list[Event], root: Event | None, th: Thresholds,
     if root is None:
         return []
     moved = _lr_moved(events, root, th.lookback)
-    out = [*moved, *_edited(events, root, th.max_update)]
+    edited = _edited(events, root, th.max_update)
+    out = [*moved, *edited]
     if trace is not None and not moved:
         out += _gradient(events, root, trace, th)
+        if not edited:
+            out += _lr_rising(root, trace, th.lookback)
     return out
+
+
+def _lr_rising(root: Event, trace: Trace, lookback: int) -> list[Cause]:
+    """The learning rate rose `RISE` times or more from its first positive value, not
+    falling at `STEADY_RISE` of the steps, and still rose in the `lookback` steps up to
+    the first failure: a warm-up that never ends, named with its path (the first positive
+    value, the halfway step, the failure's step)."""
+    steps, lr = trace.history("lr")
+    keep = (steps <= root.step) & np.isfinite(lr)
+    steps, lr = steps[keep], lr[keep]
+    positive = np.flatnonzero(lr > 0)
+    if root.kind in _NOT_LR or len(positive) < 2 * lookback:
+        return []
+    steps, lr = steps[positive[0]:], lr[positive[0]:]
+    recent = lr[steps >= root.step - lookback]
+    if not (lr[-1] >= RISE * lr[0] and len(recent) > 1 and recent[-1] > recent[0]
+            and np.mean(np.diff(lr) >= 0) >= STEADY_RISE):
+        return []
+    mid = int(np.searchsorted(steps, (steps[0] + steps[-1]) / 2))
+    path = " -> ".join(f"{lr[i]:.3g} at step {steps[i]}" for i in (0, mid, len(lr) - 1))
+    return [Cause("lr_rise", int(steps[0]), None, float(lr[-1]), float(lr[0]),
+                  f"the learning rate rose {lr[-1] / lr[0]:.0f}x without stopping ({path}), "
+                  f"and was still rising as the failure began: a warm-up that never ends "
+                  f"is a likely cause; cap it (LambdaLR(opt, lambda s: min(1.0, (s + 1) / "
+                  f"warmup_steps)), or LinearLR followed by a constant schedule)")]
 
 
 def _gradient(events: list[Event], root: Event, trace: Trace, th: Thresholds) -> list[Cause]:

@@ -1,5 +1,5 @@
-"""Likely causes (`detect.causes`): a learning rate moved, or weights changed outside the
-optimizer, next to the first failure. Found on real short trainings, and said the same way
+"""Likely causes (`detect.causes`): a learning rate moved or rose into the failure without
+stopping, or weights changed outside the optimizer, next to the first failure. Found on real short trainings, and said the same way
 by every view: the story, the panel's state, and a run saved and loaded."""
 
 from __future__ import annotations
@@ -142,3 +142,76 @@ def test_an_update_of_the_layer_next_to_it_is_a_cause_only_when_the_optimizer_di
     causes = likely_causes([update, root], root, ndbg.Thresholds())
     assert [c.text for c in causes] == ([] if said is None else [f"{said}: a likely cause"])
     assert likely_causes([update, root], None, ndbg.Thresholds()) == []
+
+
+# -- a learning rate that rises into the failure (`causes._lr_rising`) -------------------
+def _root(kind: str, step: int) -> Event:
+    return Event(step=step, layer="fc1", kind=kind, severity="error", message="", order=0)
+
+
+def _lr_trace(lr: np.ndarray):
+    from traces import build
+
+    n = len(lr)
+    return build([("fc1", "other")], {"grad_norm": np.full((n, 1), 0.1)}, {"lr": lr}, n=n)
+
+
+@pytest.mark.parametrize("warmup", ["linear", "from_zero"])
+def test_a_learning_rate_rising_into_the_failure_is_named_with_its_path(warmup) -> None:
+    n = 80
+    lr = 0.01 * (1 + np.arange(n)) if warmup == "linear" else 1e-3 * np.arange(n)
+    causes = likely_causes([], _root("dead_units", 70), ndbg.Thresholds(), _lr_trace(lr))
+    assert [c.kind for c in causes] == ["lr_rise"]
+    c = causes[0]
+    first = 0 if warmup == "linear" else 1  # the first positive value
+    assert (c.step, c.value) == (first, pytest.approx(lr[70]))
+    assert f"at step {first} -> " in c.text and "at step 70), and was still rising" in c.text
+    assert "cap it" in c.text
+
+
+@pytest.mark.parametrize("case", ["capped", "too_little", "falling", "data_root",
+                                  "short_run"])
+def test_a_learning_rate_that_stopped_rising_or_did_not_cause_it_is_not_named(case) -> None:
+    n, step, kind = 80, 70, "dead_units"
+    lr = 0.01 * (1 + np.arange(n))
+    if case == "capped":  # the warm-up ended at step 30
+        lr = np.minimum(lr, lr[30])
+    elif case == "too_little":  # 2x in all
+        lr = 0.01 * (1 + np.arange(n) / n)
+    elif case == "falling":  # a decay
+        lr = lr[::-1].copy()
+    elif case == "data_root":
+        kind = "data_anomaly"
+    else:  # too few steps to speak of a rise
+        step = 12
+    th = ndbg.Thresholds()
+    assert likely_causes([], _root(kind, step), th, _lr_trace(lr)) == []
+
+
+def _warmup_run(cap: float | None) -> ndbg.Run:
+    """SGD at 0.01 with momentum, under a warm-up `LambdaLR(opt, lambda s: 1 + s)`; `cap`:
+    its factor at most (a warm-up that ends), None: it never ends (4.0 at step 400)."""
+    setup = mlp()
+    model = setup.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 1.0 + s if cap is None else min(1.0 + s, cap))
+    with ndbg.watch(model, report=False) as run:
+        train(setup, 200, opt=opt, after_update=lambda step, m, o: sched.step())
+    return run
+
+
+def test_a_warm_up_that_never_ends_is_the_failures_likely_cause() -> None:
+    run = _warmup_run(None)
+    root = run.first_failure
+    assert root is not None, str(run)
+    causes = [c for c in run.likely_causes if c.kind == "lr_rise"]
+    assert len(causes) == 1, run.likely_causes
+    assert causes[0].value == pytest.approx(0.01 * (1 + root.step), rel=1e-5)
+    assert "without stopping (0.01 at step 0 -> " in causes[0].text
+
+
+def test_a_warm_up_that_ends_is_quiet() -> None:
+    run = _warmup_run(5.0)
+    assert run.first_failure is None, str(run)
+    assert not [e for e in run.events if e.severity == "error"]
