@@ -91,12 +91,31 @@ def likely_causes(events: list[Event], root: Event | None, th: Thresholds,
         return []
     moved = _lr_moved(events, root, th.lookback)
     edited = _edited(events, root, th.max_update)
+    if trace is not None and not edited:
+        edited = _edited_before(root, trace, th.max_update)
     out = [*moved, *edited]
     if trace is not None and not moved:
         out += _gradient(events, root, trace, th)
         if not edited:
             out += _lr_rising(root, trace, th.lookback)
     return out
+
+
+def _edited_before(root: Event, trace: Trace, max_update: float) -> list[Cause]:
+    """The first failure's layer had its weights moved `max_update` or more of their size
+    outside the optimizer before its step's forward (`w_edited`, read as the step's update
+    began): the same cause as `_edited`'s, known at the step itself, where a run stopped
+    at its first failure (`stop_on`) never sees the update that would carry it."""
+    if root.layer is None or root.signal == "edited" or root.layer not in trace.layer_names \
+            or not trace.full_from <= root.step < trace.n_steps:
+        return []
+    v = float(trace.col("w_edited", root.step, root.step + 1)[0,
+                                                             trace.layer_index(root.layer)])
+    if not v >= max_update:
+        return []
+    return [Cause("edited", root.step, root.layer, v, float("nan"),
+                  f"its weights were changed outside the optimizer ({v:.3g}x their size) "
+                  f"before the forward of step {root.step}: a likely cause")]
 
 
 def _lr_rising(root: Event, trace: Trace, lookback: int) -> list[Cause]:

@@ -15,8 +15,10 @@ update of a layer whose gradient was non-finite at that step only carried the gr
 into the weights: it counts as the gradient (`_ranker`), and so does an update that
 explodes with its layer's gradient at the same step, at a learning rate that did not move. Weights that lost most of their
 size in one update (signal "collapse": zeroed or reset in place, which no optimizer's
-update does) changed before the step's forward: they count as that layer's own change,
-in forward order with the activations.
+update does), and weights found changed outside the optimizer as the step's update began
+(signal "edited": where the layer's activations were not measured), changed before the
+step's forward: they count as that layer's own change, in forward order with the
+activations.
 
 What probably made the first failure happen there (a learning rate moved, weights
 changed outside the optimizer) is said by `causes.likely_causes`.
@@ -39,7 +41,8 @@ def _rank(e: Event) -> int:
     if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated",
                   "not_in_optimizer", "cut_off"):
         return 0
-    if (e.kind in _ACTIVATION and e.signal == "activation") or e.signal == "collapse":
+    if (e.kind in _ACTIVATION and e.signal == "activation") or e.signal in ("collapse",
+                                                                              "edited"):
         return 1
     if e.kind.startswith("loss_"):
         return 2

@@ -147,11 +147,41 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     # a fall in one update is not also a slow shrink over the updates around it
     gradual = judged & ~within(fell.codes >= WARNING, SHRINK_UPDATES)
     value = np.where(blown, np.inf, change)
+    edits = _edited(trace, lo, stop, th)
+    # the update of a step whose weights were found edited before its forward carries
+    # that edit: the edit's event says it, at the step
+    codes[lagged(edits.codes.astype(np.float64), 1) == ERROR] = OK
     # `previous` carries the optimizer's own update size where it was measured (sampled
     # steps), so the sentence can tell an optimizer blow-up from weights edited in place
     return [Finding("exploding_update", "update", codes, value, previous=ratio,
                     message=message, step_offset=-1),
-            _shrinking(w, gradual, trace), fell]
+            _shrinking(w, gradual, trace), fell, edits]
+
+
+def _edited(trace: Trace, lo: int, stop: int, th: Thresholds) -> Finding:
+    """Weights that moved `max_update` or more of their size between the last update and
+    the step's forward (`w_edited`, read as the step's update begins), at a step whose
+    activations were not measured for that layer (`activations=False`, a compiled
+    forward): changed in place outside the optimizer, the layer's own change, ranked
+    with the activations (`rootcause`), and said at its own step, before the update that
+    would carry it (the run may stop there: `stop_on`). Where the layer's activations
+    were measured, their jump tells it, and the update's rule says the edit a step
+    later, as it does for any update."""
+    moved = trace.col("w_edited", lo, stop).astype(np.float64)
+    seen = ~np.isnan(trace.col("act_absmax", lo, stop))
+    observed = ~np.isnan(moved)
+    observed[:, few(trace, "params")] = False
+    codes = grade(observed, (moved >= th.max_update, ERROR))
+    codes[(codes == ERROR) & seen] = OK
+
+    def message(name: str, s: int, v: float, p: float, sev: str) -> str:
+        size = f"by {v:.3g}x their size" if np.isfinite(v) else "to non-finite values"
+        return (f"{name}: weights changed {size} before the forward of step {s}, after "
+                f"the last optimizer step: they were changed outside the optimizer (in "
+                f"place: an assignment under torch.no_grad(), .data, load_state_dict or "
+                f"an init call inside the loop)")
+
+    return Finding("exploding_update", "edited", codes, moved, message=message)
 
 
 COLLAPSE = 2.5

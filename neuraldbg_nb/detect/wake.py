@@ -7,7 +7,8 @@ failure is found, captured and stopped at the step it happens: something turned
 non-finite, a gradient crossed the vanish or explode line, a dead or saturated fraction
 crossed its line (against the last two sampled steps), the input turned non-finite or
 all zero, the gradients were carried over (no zero_grad) or missing at the optimizer's
-step a second step in a row, a layer's gradients reached no optimizer, or a number moved
+step a second step in a row, a layer's gradients reached no optimizer, weights changed
+outside the optimizer by `max_update` of their size before the step's forward, or a number moved
 by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the loss: a rise of
 `sqrt(loss_rise)`). It only decides *when* detection runs, never *what* it finds; a slow
 drift is found at the next batch.
@@ -71,7 +72,8 @@ def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
             or any(x > y and not b > y for b, x in zip(grad_b, grad)  # (`gradients._exploding`)
                    for y in (line, line * SLOW_MARGIN))
             or (inf > 0 and not inf_b > 0) or (in_now == 0 and in_b != 0)
-            or _anew(trace, "grad_carried", t) or _anew(trace, "grads_missing", t)):
+            or _anew(trace, "grad_carried", t) or _anew(trace, "grads_missing", t)
+            or any(x >= th.max_update for x in trace.col("w_edited", t, t + 1)[0].tolist())):
         return SUDDEN
     vanished = any(x < th.vanish and not b < th.vanish for b, x in zip(grad_b, grad))
     jumped = any(_moved(b, x, *grad_jump) for b, x in zip(grad_b, grad))

@@ -30,7 +30,7 @@ from .replay import RECENT, Replay, anomalous, edited, grad_total, lr_moved
 from .sampler import HOOK_EVERY, is_reference_step
 from .step_owner import StepOwner
 from .timing import StepTimer, clock
-from .weights import Part, WeightProbe
+from .weights import WeightProbe
 
 
 @dataclass
@@ -114,10 +114,13 @@ class Boundary:
         """Something was recorded since the last step boundary."""
         return self._forward.pending or self._backwards.pending or self._inputs.pending
 
-    def close(self, opt: torch.optim.Optimizer | None) -> None:
+    def close(self, opt: torch.optim.Optimizer | None, updated: bool = False) -> None:
         """The step boundary (`opt`: the primary optimizer, None for a step ended by hand):
         the step's numbers go to the host in one transfer and become one trace row, with
-        the last update's weights (`WeightProbe`) and whether the gradients were zeroed
+        the last update's weights (`WeightProbe`), how far they moved since, outside the
+        optimizer (`w_edited`: where `opt` is about to update them; not for a step ended
+        by hand, whose loop updates the weights itself, nor one closed after its update,
+        `updated`, as a step given a closure is) and whether the gradients were zeroed
         (`CarryCheck`); then `on_step` (detection, capture) and the next step's sampling
         decision."""
         t_enter = clock()
@@ -126,8 +129,7 @@ class Boundary:
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)
-        edits = self._weights.queue_edits(sc) if not self.hooked and self._replay is not None \
-            else None
+        edits = self._weights.queue_edits(sc) if opt is not None and not updated else None
         self._forward.queue()
         lr_host, lr_pos = learning_rate(opt, sc)
         t_x = clock()
@@ -139,9 +141,11 @@ class Boundary:
         n = trace.n_layers
         row: dict[str, np.ndarray] = self._forward.columns(v, n)
         # the last update's weight norms (`WeightProbe`) go into the last row, in one
-        # pass with this step's gradient norms
-        norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad])]
-                                     + (self._weights.parts() if step > 0 else []), n)
+        # pass with this step's gradient norms and the weights' moves since that update
+        weight_parts = self._weights.parts() if step > 0 else []
+        edited = edits is not None and bool(weight_parts)
+        norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
+                                         *([edits] if edited and edits else [])], n)
         row["grad_norm"] = norms[0]
         unheld = None if opt is None or self._steps.input_trained else \
             self._steps.membership.column(self._models, n)
@@ -150,7 +154,11 @@ class Boundary:
             cut = self._steps.membership.cut(self._models, norms[0], self._backwards.any_heard)
             if cut is not None:  # (held weights that got no gradient)
                 row["grad_cut"] = cut
-        self._weights.record(trace, step - 1, norms[1:], v)
+        self._weights.record(trace, step - 1, norms[1:1 + len(weight_parts)], v)
+        edited_by = None
+        if edited:  # (`w_edited`: the moves over the last update's norms, `norms[1]`)
+            edited_by = [_factor(d, w) for d, w in zip(norms[-1].tolist(), norms[1].tolist())]
+            row["w_edited"] = np.array(edited_by, np.float32)
 
         eval_layers = self._backwards.eval_layers
         scalars = {"lr": v[lr_pos] if lr_pos >= 0 else lr_host,
@@ -168,7 +176,7 @@ class Boundary:
         if self._replay is not None and step > 0:
             lr_b = float(trace.scalar("lr", step - 1, step)[0])
             self._hook_next = lr_moved(lr_b, float(scalars["lr"]))
-            if not self.hooked and self._went_wrong(step, row, scalars, g_pos, v, edits):
+            if not self.hooked and self._went_wrong(step, row, scalars, g_pos, v, edited_by):
                 replayed = self._replayed(n)
                 if replayed is not None:
                     row.update(replayed)
@@ -186,13 +194,13 @@ class Boundary:
             self._timer.end_interval(step, t_enter)
 
     def _went_wrong(self, step: int, row: dict[str, np.ndarray], scalars: dict[str, float],
-                    g_pos: list[int], v: list[float], edits: Part | None) -> bool:
+                    g_pos: list[int], v: list[float], edited_by: list[float] | None) -> bool:
         """Whether an unhooked step's every-step numbers say its forward went wrong
         (`replay.anomalous`, `replay.edited`): its loss and its gradients' total norm
         against the `RECENT` steps before, its input's abs-max against the step before,
         and the weight norms the last update left (written into the trace one step late,
         so the rows of the two updates before this forward)."""
-        trace, n = self._trace, self._trace.n_layers
+        trace = self._trace
         weights = trace.col("param_norm", step - 2, step).tolist() if step >= 2 else []
         lo = max(trace.full_from, step - RECENT)
         if anomalous(
@@ -203,8 +211,7 @@ class Boundary:
                         float(scalars.get("in_absmax", math.nan))),
                 weights=(weights[0], weights[1]) if len(weights) == 2 else ([], [])):
             return True
-        return edits is not None and edited(step_row.layer_norms(v, [edits], n)[0],
-                                            trace.col("param_norm", step - 1, step)[0])
+        return edited_by is not None and edited(edited_by)
 
     def _replayed(self, n: int) -> dict[str, np.ndarray] | None:
         """The step's forward replayed with the layer hooks on (`replay.Replay.run`): its
@@ -227,3 +234,11 @@ class Boundary:
         """At exit: the last update's weight norms go into the last row."""
         if self._weights.flush(self._trace, self._sc):
             self.new_step()
+
+
+def _factor(moved: float, norm: float) -> float:
+    """A weight slice's move over its norm (`w_edited`): 0 where it did not move, inf
+    where it moved off all-zero weights or to non-finite values, NaN where not read."""
+    if moved == 0.0 or moved == math.inf:
+        return moved
+    return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)

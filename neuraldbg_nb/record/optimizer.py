@@ -80,7 +80,7 @@ class Optimizers:
         if primary is opt:
             if self._closure_step:
                 self._closure_step = False
-                self._boundary.close(opt)
+                self._boundary.close(opt, updated=True)
             self.after_update(primary=True)
         elif primary is not None and self._steps.trains_watched(opt):
             self.after_update(primary=False)  # the weights are read after every update

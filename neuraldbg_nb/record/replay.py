@@ -281,12 +281,13 @@ hand-written weight decay, a clamp of a few elements) are left to the next measu
 step: replaying every step of such a loop would cost a forward each."""
 
 
-def edited(moved: np.ndarray, norms: np.ndarray) -> bool:
-    """Was a weight changed outside the optimizer before the step's forward? `moved`:
-    per layer, the norm of its slice's change since the last update (NaN: not read);
-    `norms`: its norm after that update."""
-    for d, w in zip(moved.tolist(), norms.tolist()):
-        if d > 0 and (not math.isfinite(d) or (not math.isnan(w) and d >= EDITED * w)):
+def edited(edited_by: list[float]) -> bool:
+    """Was a weight changed outside the optimizer before the step's forward? `edited_by`:
+    per layer, the norm of its slice's change since the last update over its norm after
+    that update (the row's `w_edited`; NaN: not read, inf: a change of weights that were
+    all zeros or became non-finite)."""
+    for d in edited_by:
+        if d >= EDITED:
             return True
     return False
 

@@ -44,6 +44,10 @@ LAYER_COLUMNS: tuple[str, ...] = (
                       # step; its values: `record.membership`), 0 where they are held
     "grad_cut",       # >0: the layer's weights are trainable and held by an optimizer but got
                       # no gradient in the step (every step; `record.membership.Membership.cut`)
+    "w_edited",       # |w_now - w_after_last_update| / |w_after_last_update| as the step's
+                      # update begins, of the same slice as param_norm: how far the weights
+                      # moved outside the optimizer before the step's forward (every step
+                      # from the second on; `record.weights.WeightProbe.queue_edits`)
 )
 """Per layer-step columns. NaN means "not measured at this step"."""
 

@@ -122,3 +122,27 @@ class _quiet:
 
     def __exit__(self, *exc):
         return self._w.__exit__(*exc)
+
+
+def test_weights_edited_in_place_are_the_first_failure_of_a_compiled_model():
+    """A compiled forward runs no layer hook: the weights of layer "2" multiplied by 1000
+    in place before step 30's forward are read as the step's update begins, and are the
+    first failure at that step, the layer's own change, before the loss they blow up."""
+    reason = _compile_works()
+    if reason:
+        pytest.skip(f"torch.compile cannot run in this environment: {reason}")
+    torch._dynamo.reset()
+    setup = mlp()
+    compiled = torch.compile(setup.model, backend="aot_eager")
+
+    def edit(step, model, opt):
+        if step == 30:
+            with torch.no_grad():
+                setup.model[2].weight.mul_(1000)
+
+    with _quiet(), ndbg.watch(compiled, report=False) as run:
+        train(setup_with_model(setup, compiled), 40, on_step_start=edit)
+    ff = run.first_failure
+    assert ff is not None, run.events
+    assert (ff.kind, ff.signal, ff.layer, ff.step) == ("exploding_update", "edited", "2", 30), ff
+    assert "changed outside the optimizer" in ff.message

@@ -111,3 +111,51 @@ def test_the_same_network_at_a_unit_gain_has_no_such_cause():
     run = _train_deep(1.0)
     assert_no_errors(run)
     assert run.likely_causes == []
+
+
+def _edited_at_30(**watch_kw) -> ndbg.Run:
+    """Layer "2"'s weights multiplied by 1000 in place before step 30's forward."""
+    setup = mlp()
+    model = setup.model
+    opt = setup.make_opt(model)
+    try:
+        with ndbg.watch(model, report=False, **watch_kw) as run:
+            for step in range(STEPS):
+                if step == 30:
+                    with torch.no_grad():
+                        model[2].weight.mul_(1000)
+                x, y = setup.batch(step)
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    except ndbg.TrainingFailure:
+        assert watch_kw.get("stop_on") == "error"
+    return run
+
+
+@pytest.mark.parametrize("stop_on", ["never", "error"])
+def test_weights_edited_before_the_forward_rank_first_without_activations(stop_on):
+    """With no activations watched, the edit is read as step 30's update begins: the
+    first failure at its own step and layer, before the loss it blows up, also where the
+    run stops at its first failure."""
+    run = _edited_at_30(activations=False, stop_on=stop_on)
+    ff = run.first_failure
+    assert ff is not None, run.events
+    assert (ff.kind, ff.signal, ff.layer, ff.step) == ("exploding_update", "edited", "2", 30), ff
+    assert "983x their size" in ff.message and "changed outside the optimizer" in ff.message
+    if stop_on == "never":  # the update that carried it is not said a second time
+        late = [e for e in run.events if e.kind == "exploding_update" and e.layer == "2"
+                and e.step == 30 and e is not ff]
+        assert late == [], late
+    else:
+        assert run.status == "stopped" and run.trace.n_steps == 31
+
+
+@pytest.mark.parametrize("stop_on", ["never", "error"])
+def test_with_activations_the_edit_is_the_likely_cause_also_when_the_run_stops(stop_on):
+    run = _edited_at_30(stop_on=stop_on)
+    ff = run.first_failure
+    assert (ff.kind, ff.signal, ff.layer, ff.step) == ("regime_shift", "activation", "2", 30), ff
+    assert any(c.kind == "edited" and c.layer == "2" and c.step == 30
+               for c in run.likely_causes), run.likely_causes

@@ -47,6 +47,7 @@ def _module_hooks(model: torch.nn.Module) -> int:
     ("min_max", "root_pre", FAULT),        # the input batch, before the forward
     ("min_max", "post", FAULT),            # a layer's hook, inside the forward
     ("grouped_norms", "opt_pre", FAULT),   # the step boundary, before the update
+    ("stacked", "opt_pre", FAULT),         # the weights' edits, before the update
     ("stacked", "opt_post", FAULT + 1),    # the weight probe, after the update
 ])
 def test_an_engine_error_stops_the_watch_not_the_training(
@@ -59,8 +60,11 @@ def test_an_engine_error_stops_the_watch_not_the_training(
 
     def arm(step, model, opt):
         now["step"] = step
-        if where != "post":
+        if where not in ("post", "opt_post"):
             switch["on"] = step >= FAULT
+
+    def arm_in_update(opt, args, kwargs):  # after the engine's own (global) pre-hook
+        switch["on"] = now["step"] >= FAULT
 
     def arm_in_forward(module, args):  # the input batch is read by then: a layer meets it
         switch["on"] = now["step"] >= FAULT
@@ -69,9 +73,12 @@ def test_an_engine_error_stops_the_watch_not_the_training(
     try:
         stopped = f"neuraldbg stopped watching at step {recorded}"
         # every step's layer hooks: each part named runs at each step, the fault's too
+        opt = setup.make_opt(setup.model)
+        if where == "opt_post":
+            opt.register_step_pre_hook(arm_in_update)
         with pytest.warns(RuntimeWarning, match=stopped), \
                 ndbg.watch(setup.model, report=False, layer_hooks="every") as run:
-            watched = train(setup, 20, on_step_start=arm)
+            watched = train(setup, 20, opt=opt, on_step_start=arm)
     finally:
         if pre is not None:
             pre.remove()

@@ -161,14 +161,68 @@ def test_a_weight_changed_outside_the_optimizer_is_replayed_at_its_step():
     assert run.recorder.replays >= 1
 
 
-def test_edited_reads_moves_against_the_weights_norm():
+def test_edited_reads_moves_as_factors_of_the_weights_norm():
     from neuraldbg_nb.record.replay import edited
 
-    w = np.array([2.0, 3.0, np.nan])
-    assert not edited(np.array([0.0, 0.0, np.nan]), w)
-    assert not edited(np.array([0.01, 0.0, np.nan]), w)  # a small move: a clamp, a decay
-    assert edited(np.array([0.5, 0.0, np.nan]), w)
-    assert edited(np.array([np.inf, 0.0, np.nan]), w)
+    assert not edited([0.0, 0.0, math.nan])
+    assert not edited([0.005, 0.0, math.nan])  # a small move: a clamp, a decay
+    assert edited([0.25, 0.0, math.nan])
+    assert edited([math.inf, 0.0, math.nan])  # weights that became non-finite
+
+
+def test_weights_edited_before_the_forward_are_a_row_of_w_edited():
+    """`w_edited` reads, as the step's update begins, how far each layer's weights moved
+    since the last update, over their norm: 0 at every step but the one whose weights
+    were multiplied by 5 in place before its forward (a move of 4x their size)."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 10, generator=torch.Generator().manual_seed(0))
+    with nd.watch(model, report=False) as run:
+        for step in range(12):
+            if step == 7:
+                with torch.no_grad():
+                    model[4].weight.mul_(5)
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    moved = run.trace.col("w_edited")
+    j = run.trace.layer_index("4")
+    assert np.isnan(moved[0]).all()  # no update before the first step
+    assert moved[7, j] == pytest.approx(4.0, rel=0.05)
+    others = np.delete(moved[1:], 6, axis=0)
+    assert np.nanmax(others) < 1e-6 and np.nanmax(np.delete(moved[7], j)) < 1e-6
+
+
+def test_a_loop_that_updates_its_weights_itself_has_no_edits_read():
+    """A step ended by hand (`run.step()`) follows the loop's own update, and a step given
+    a closure closes after its update: neither is read as weights changed outside the
+    optimizer, however far the update moved them."""
+    model = _model()
+    x = torch.randn(16, 10, generator=torch.Generator().manual_seed(0))
+    with nd.watch(model, report=False) as run:
+        for _ in range(6):
+            model.zero_grad()
+            model(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 5.0 * p.grad  # an update of about the weights' size, by hand
+            run.step()
+    assert np.isnan(run.trace.col("w_edited")).all()
+    assert not [e for e in run.events if e.signal == "edited"]
+
+    model = _model()
+    lbfgs = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=5)
+
+    def closure() -> torch.Tensor:
+        lbfgs.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        return loss
+
+    with nd.watch(model, report=False) as run:
+        for _ in range(4):
+            lbfgs.step(closure)
+    assert np.isnan(run.trace.col("w_edited")).all()
 
 
 def test_the_step_after_a_learning_rate_move_is_hooked():
