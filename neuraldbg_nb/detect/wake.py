@@ -8,8 +8,8 @@ non-finite, a gradient crossed the vanish or explode line, a dead or saturated f
 crossed its line (against the last two sampled steps), the input turned non-finite or
 all zero, the gradients were carried over (no zero_grad) or missing at the optimizer's
 step a second step in a row, a layer's gradients reached no optimizer, weights changed
-outside the optimizer by `max_update` of their size before the step's forward, or a number moved
-by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the loss: a rise of
+outside the optimizer by `max_update` of their size before the step's forward, or a
+number moved by `sqrt(jump)` or more (gradients: `sqrt(jump_error)`; the loss: a rise of
 `sqrt(loss_rise)`). It only decides *when* detection runs, never *what* it finds; a slow
 drift is found at the next batch.
 """

@@ -143,9 +143,9 @@ class Boundary:
         # the last update's weight norms (`WeightProbe`) go into the last row, in one
         # pass with this step's gradient norms and the weights' moves since that update
         weight_parts = self._weights.parts() if step > 0 else []
-        edited = edits is not None and bool(weight_parts)
+        moves = [edits] if edits is not None and weight_parts else []
         norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
-                                         *([edits] if edited and edits else [])], n)
+                                         *moves], n)
         row["grad_norm"] = norms[0]
         unheld = None if opt is None or self._steps.input_trained else \
             self._steps.membership.column(self._models, n)
@@ -156,7 +156,7 @@ class Boundary:
                 row["grad_cut"] = cut
         self._weights.record(trace, step - 1, norms[1:1 + len(weight_parts)], v)
         edited_by = None
-        if edited:  # (`w_edited`: the moves over the last update's norms, `norms[1]`)
+        if moves:  # (`w_edited`: the moves over the last update's norms, `norms[1]`)
             edited_by = [_factor(d, w) for d, w in zip(norms[-1].tolist(), norms[1].tolist())]
             row["w_edited"] = np.array(edited_by, np.float32)
 
