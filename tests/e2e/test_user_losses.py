@@ -57,3 +57,46 @@ def test_a_loss_weighted_by_a_tensor_is_recorded_as_called():
             opt.step()
             heard.append(loss.item())
     np.testing.assert_allclose(run.trace.scalar("loss"), heard, rtol=1e-6)
+
+
+AMP_SCRIPT = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+scaler = torch.amp.GradScaler("cpu")
+g = torch.Generator().manual_seed(0)
+x, y = torch.randn(256, 10, generator=g), torch.randint(0, 4, (256,), generator=g)
+for step in range(80):
+    i = torch.arange(step * 32, step * 32 + 32) % 256
+    opt.zero_grad()
+    if step < 40:  # float32 first
+        F.cross_entropy(model(x[i]), y[i]).backward()
+        opt.step()
+    else:  # then the same recipe under AMP
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[i]), y[i])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+"""
+
+
+def test_the_same_under_neuraldbg_run_records_the_unscaled_loss(tmp_path) -> None:
+    """`neuraldbg run` finds the model itself (no model given): the GradScaler's scaled
+    backwards still give the loss unscaled."""
+    from neuraldbg_nb import cli
+
+    script = tmp_path / "train.py"
+    script.write_text(AMP_SCRIPT)
+    saved = tmp_path / "out.npz"
+    assert cli.main(["run", "--save", str(saved), str(script)]) == 0
+    run = ndbg.load(saved)
+    loss = run.trace.scalar("loss")
+    assert run.trace.n_steps == 80 and np.isfinite(loss).all()
+    assert loss[40:].max() < 10 * loss[:40].max(), loss  # no 65536x jump at step 40
+    assert not [e for e in run.events if e.kind == "loss_divergence"], run.events
+    assert_no_errors(run)
