@@ -1,13 +1,15 @@
 """Small training loops for the end-to-end tests of odd models and loops: a 6-feature,
 2-class task (`task_batches`, trained by `task_loop`), a plain SGD loop over a
-`models.Setup` (`setup_loop`), and a fault injected at step S of STEPS
-(`scale_weight_at`)."""
+`models.Setup` (`setup_loop`), a watched SGD loop over fixed tensors (`watched_sgd`), and a
+fault injected at step S of STEPS (`scale_weight_at`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+import neuraldbg_nb as ndbg
 
 S = 30
 STEPS = 45
@@ -77,3 +79,20 @@ def setup_loop(setup, steps, *, opt=None, on_step_start=None, zero=None):
 def setup_with_model(setup, model):
     from dataclasses import replace
     return replace(setup, model=model)
+
+
+def watched_sgd(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float,
+                **watch_kw) -> tuple[ndbg.Run, list[float]]:
+    """`steps` steps of SGD with momentum 0.9 on batches of 32 taken in turn from (x, y),
+    cross-entropy, under `watch(model, **watch_kw)`: the run and the step losses."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    with ndbg.watch(model, report=False, **watch_kw) as run:
+        for s in range(steps):
+            i = torch.arange(s * 32, s * 32 + 32) % len(x)
+            loss = F.cross_entropy(model(x[i]), y[i])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return run, losses

@@ -28,6 +28,7 @@ except ImportError as err:  # pragma: no cover - exercised only where anywidget 
     ) from err
 
 from ..detect.events import Event
+from ..report import story
 from ..report.run import Run
 from . import panel_state
 from .panel_budget import MAX_RATE, PanelBudget
@@ -145,7 +146,7 @@ class Panel(anywidget.AnyWidget):
                 setattr(self, name, value)
             if not self.thresholds:
                 self.thresholds = panel_state.thresholds(self.run)
-            nothing = done and panel_state.watched_nothing(self.run) is not None
+            nothing = done and story.watched_nothing(self.run) is not None
             self.message = LIVE_HELP if not done else "" if nothing else HELP
 
     # -- browser -> kernel ------------------------------------------------------------

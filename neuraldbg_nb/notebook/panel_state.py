@@ -228,12 +228,6 @@ def status(run: Run) -> str:
     return run.status if run.status in STATUSES else "raised"
 
 
-def watched_nothing(run: Run) -> str | None:
-    """Why a run that ended recorded no layer or no step, in a sentence (None: it did):
-    `report.story.watched_nothing`, the one home of these words."""
-    return story.watched_nothing(run)
-
-
 BASELINE_EVENTS = 20
 """Events listed at most on each side of a comparison (the first of each kind and layer)."""
 
@@ -303,7 +297,7 @@ def panel_state(run: Run, with_values: bool, base: Run | None = None,
         "first_failure": first,
         "likely_causes": likely_causes(run),
         "sliders": sliders() if live else sliders(run),
-        "notes": notes(run) + [n for n in [watched_nothing(run)] if n],
+        "notes": notes(run) + [n for n in [story.watched_nothing(run)] if n],
         "baseline": baseline(run, base, base_name) if with_values and base is not None
         else None,
     }

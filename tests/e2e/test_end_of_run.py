@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from loops import assert_no_errors
+from loops import assert_no_errors, watched_sgd
 from models import mlp
 from torch import nn
 
@@ -80,16 +80,7 @@ def _train_deep(gain: float) -> ndbg.Run:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2048, 20, generator=g)
     y = x[:, :4].argmax(1)
-    model = _deep_tanh(gain)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    with ndbg.watch(model, report=False) as run:
-        for step in range(STEPS):
-            i = torch.arange(step * 32, step * 32 + 32) % len(x)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return run
+    return watched_sgd(_deep_tanh(gain), x, y, STEPS, 0.05)[0]
 
 
 def test_an_update_that_applied_an_init_grown_gradient_is_the_gradients_failure():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from loops import assert_no_errors
+from loops import assert_no_errors, watched_sgd
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -36,24 +36,9 @@ def _cnn() -> nn.Module:
                          nn.Linear(8 * 10 * 10, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-def _train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float,
-           **watch_kw) -> tuple[ndbg.Run, list[float]]:
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    losses = []
-    with ndbg.watch(model, report=False, **watch_kw) as run:
-        for s in range(steps):
-            i = torch.arange(s * 32, s * 32 + 32) % len(x)
-            loss = F.cross_entropy(model(x[i]), y[i])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    return run, losses
-
-
 @pytest.mark.parametrize("lr", [0.01, 0.05])
 def test_raw_pixels_are_the_first_failure_at_step_0(lr):
-    run, _ = _train(_cnn(), *_images(raw=True), 60, lr)
+    run, _ = watched_sgd(_cnn(), *_images(raw=True), 60, lr)
     ff = run.first_failure
     assert (ff.kind, ff.signal, ff.layer, ff.step) == ("data_anomaly", "input_raw", None, 0), ff
     assert "abs-max 255" in ff.message and "divide the pixels by 255" in ff.message
@@ -61,7 +46,7 @@ def test_raw_pixels_are_the_first_failure_at_step_0(lr):
 
 
 def test_the_same_pixels_divided_by_255_stay_quiet():
-    run, _ = _train(_cnn(), *_images(raw=False), 60, 0.05)
+    run, _ = watched_sgd(_cnn(), *_images(raw=False), 60, 0.05)
     assert_no_errors(run)
     assert [e for e in run.events if e.severity == "warning"] == []
     assert [e for e in run.events if e.signal == "input_raw"] == []
@@ -82,18 +67,18 @@ def _mlp() -> nn.Module:
 
 
 def test_features_of_order_1000_are_the_first_failure_and_standardised_ones_are_quiet():
-    run, _ = _train(_mlp(), *_tabular(1000.0), 60, 0.01)
+    run, _ = watched_sgd(_mlp(), *_tabular(1000.0), 60, 0.01)
     ff = run.first_failure
     assert (ff.kind, ff.signal, ff.layer, ff.step) == ("data_anomaly", "input_raw", None, 0), ff
     assert "standardise each feature" in ff.message
-    run, _ = _train(_mlp(), *_tabular(1.0), 60, 0.01)  # order 1-10: as they are
+    run, _ = watched_sgd(_mlp(), *_tabular(1.0), 60, 0.01)  # order 1-10: as they are
     assert_no_errors(run)
     assert [e for e in run.events if e.severity == "warning"] == []
 
 
 def test_a_model_that_normalises_its_raw_input_itself_is_quiet():
     model = nn.Sequential(nn.BatchNorm1d(10), _mlp())
-    run, _ = _train(model, *_tabular(1000.0), 60, 0.01)
+    run, _ = watched_sgd(model, *_tabular(1000.0), 60, 0.01)
     assert_no_errors(run)
     assert [e for e in run.events if e.signal == "input_raw"] == []
 
@@ -188,7 +173,7 @@ def test_a_layer_that_carries_a_heavy_tailed_batch_is_not_its_own_regime_shift()
     y = x[:, :3].argmax(1)
     x = x.clamp(-2.5, 2.5)
     x[45 * 32 + 7] *= 160
-    run, _ = _train(_mlp(), x, y, 80, 0.01, sample_every=1)
+    run, _ = watched_sgd(_mlp(), x, y, 80, 0.01, sample_every=1)
     first = run.trace.layers[0].name
     shifts = [e for e in run.events if e.kind == "regime_shift" and e.signal == "activation"
               and e.layer == first]

@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _jupyter import LAB, NOTEBOOK7, UI, Server, launch_server, missing_requirements
+from _jupyter import (
+    LAB,
+    NOTEBOOK7,
+    UI,
+    Server,
+    launch_server,
+    missing_requirements,
+    write_notebook,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -120,24 +128,6 @@ for p in panels:
     p.push(force=True)"""
 
 
-def _write_notebook(path: Path) -> None:
-    def cell(src: str) -> dict[str, Any]:
-        return {"cell_type": "code", "execution_count": None, "id": f"c{abs(hash(src)) % 10**8}",
-                "metadata": {}, "outputs": [], "source": src}
-
-    nb = {
-        "cells": [cell(CELL_SETUP), cell(CELL_TRAIN), cell(CELL_CHECK)],
-        "metadata": {
-            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
-                           "name": "python3"},
-            "language_info": {"name": "python"},
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
-    path.write_text(json.dumps(nb, indent=1))
-
-
 # -- setup ----------------------------------------------------------------------------------
 def _require(ui: UI | None = None) -> None:
     """Fail (not skip: CI installs all of it) naming what to install."""
@@ -174,15 +164,17 @@ def jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, 
 
 
 @contextlib.contextmanager
-def _page(server: Server, browser: Any, ui: UI) -> Iterator[tuple[Any, str, Path]]:
-    """A fresh browser context and page, this UI's own notebook in the server's root, and a
-    clean artifacts folder; afterwards the page is closed and the server's kernels ended."""
+def _page(server: Server, browser: Any, ui: UI, sources: list[str] | None = None,
+          artifacts: str | None = None) -> Iterator[tuple[Any, str, Path]]:
+    """A fresh browser context and page, this UI's own notebook of `sources` (default: this
+    module's cells) in the server's root, and a clean artifacts folder (`artifacts`,
+    default the UI's name); afterwards the page is closed and the server's kernels ended."""
     _require(ui)
-    out = _artifacts(ui.name)
+    out = _artifacts(artifacts or ui.name)
     for old in [*out.glob("*.png"), out / "report.json"]:
         old.unlink(missing_ok=True)  # nothing stale from an earlier run
     notebook = f"neuraldbg_browser_test_{ui.name}.ipynb"
-    _write_notebook(server.root / notebook)
+    write_notebook(server.root / notebook, sources or [CELL_SETUP, CELL_TRAIN, CELL_CHECK])
     context = browser.new_context(viewport={"width": 1280, "height": 1800},
                                   device_scale_factor=1)
     try:

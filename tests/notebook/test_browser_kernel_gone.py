@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _jupyter import LAB, NOTEBOOK7, TWO_RUNS_SETUP, UI, Server, write_notebook
+from _jupyter import LAB, NOTEBOOK7, TWO_RUNS_SETUP, UI, Server
 from test_browser import (  # noqa: F401 - `jupyter` is the module's server fixture
-    _artifacts,
     _cell,
     _page,
     _run_cell,
@@ -49,11 +48,7 @@ CELLS = [SETUP, HEALTHY, BROKEN, SHOW]
 @pytest.mark.parametrize("ui", [LAB, NOTEBOOK7], ids=lambda ui: ui.name)
 def test_a_panel_outlives_its_kernel(jupyter: tuple[Server, Any], ui: UI) -> None:  # noqa: F811
     server, browser = jupyter
-    with _page(server, browser, ui) as (page, notebook, _):
-        out = _artifacts(f"kernel-{ui.name}")
-        for old in out.glob("*.png"):
-            old.unlink()
-        write_notebook(server.root / notebook, CELLS)
+    with _page(server, browser, ui, CELLS, f"kernel-{ui.name}") as (page, notebook, out):
         report: dict[str, Any] = {"ui": ui.title}
         try:
             _drive(server, page, ui, notebook, out, report)

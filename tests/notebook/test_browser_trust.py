@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _jupyter import LAB, NOTEBOOK7, TWO_RUNS_SETUP, UI, Server, write_notebook
+from _jupyter import LAB, NOTEBOOK7, TWO_RUNS_SETUP, UI, Server
 from test_browser import (  # noqa: F401 - `jupyter` is the module's server fixture
-    _artifacts,
     _cell,
     _known_page_error,
     _page,
@@ -62,11 +61,7 @@ def _luminance(css_color: str) -> float:
 @pytest.mark.parametrize("ui", [LAB, NOTEBOOK7], ids=lambda ui: ui.name)
 def test_panels_tell_the_truth(jupyter: tuple[Server, Any], ui: UI) -> None:  # noqa: F811
     server, browser = jupyter
-    with _page(server, browser, ui) as (page, notebook, _):
-        out = _artifacts(f"trust-{ui.name}")
-        for old in out.glob("*.png"):
-            old.unlink()
-        write_notebook(server.root / notebook, CELLS)
+    with _page(server, browser, ui, CELLS, f"trust-{ui.name}") as (page, notebook, out):
         _drive(server, page, ui, notebook, out)
 
 

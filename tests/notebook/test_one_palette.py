@@ -67,7 +67,6 @@ def test_a_run_that_watched_nothing_is_told_in_one_set_of_words() -> None:
     assert why in story.headline(run)
     assert why in panel_state.panel_state(run, with_values=True)["notes"]
     assert why in diagnosis_bundle(run)["text/plain"]
-    assert panel_state.watched_nothing(run) == why
 
 
 def test_the_inspector_shows_the_layers_recorded_numbers() -> None:

@@ -14,6 +14,7 @@ from torch import nn
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.notebook import inspector, panel_state
+from neuraldbg_nb.report import story
 
 STEPS, FAULT = 40, 25
 
@@ -101,7 +102,7 @@ def test_a_cell_that_trains_nothing_says_so() -> None:
     assert state["sliders"] == [], "sliders that could decide nothing"
 
     healthy = _train(_mlp())
-    assert panel_state.watched_nothing(healthy) is None
+    assert story.watched_nothing(healthy) is None
 
 
 def test_an_interrupted_run_reads_interrupted() -> None:
