@@ -129,7 +129,13 @@ class Boundary:
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)
-        edits = self._weights.queue_edits(sc) if opt is not None and not updated else None
+        step = trace.n_steps
+        # the last update's weight norms (`WeightProbe`) go into the last row, in one
+        # pass with this step's gradient norms and the weights' moves since that update
+        if step > 0:
+            weight_parts, edits = self._weights.queue(sc, opt is not None and not updated)
+        else:
+            weight_parts, edits = self._weights.drop(), None
         self._forward.queue()
         lr_host, lr_pos = learning_rate(opt, sc)
         t_x = clock()
@@ -137,13 +143,9 @@ class Boundary:
         if sc.from_device:  # it waited for the device work queued before it, mostly the
             self._timer.other_s -= clock() - t_x  # training's: not the engine's time
 
-        step = trace.n_steps
         n = trace.n_layers
         row: dict[str, np.ndarray] = self._forward.columns(v, n)
-        # the last update's weight norms (`WeightProbe`) go into the last row, in one
-        # pass with this step's gradient norms and the weights' moves since that update
-        weight_parts = self._weights.parts() if step > 0 else []
-        moves = [edits] if edits is not None and weight_parts else []
+        moves = [edits] if edits is not None else []
         norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
                                          *moves], n)
         row["grad_norm"] = norms[0]

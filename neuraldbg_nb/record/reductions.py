@@ -416,47 +416,6 @@ def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:
     return pos
 
 
-def _place(pos: list[int], idx: list[int], start: int) -> None:
-    """Positions of consecutive values from `start`, for the tensors at `idx`."""
-    for k, i in enumerate(idx):
-        pos[i] = start + k
-
-
-StackPlan = list[tuple[list[int], list[torch.Tensor]]]
-"""Tensors grouped by (device, dtype, shape): (their indices, the tensors)."""
-Stacks = list[tuple[list[int], torch.Tensor]]
-"""The same groups copied into (k, numel) matrices: (indices, rows)."""
-
-
-def stack_plan(tensors: list[torch.Tensor]) -> StackPlan:
-    """`tensors` grouped by (device, dtype, shape) for `stacked`; worth keeping while the
-    tensors are (grouping costs a few microseconds per tensor)."""
-    groups: dict[tuple[torch.device, torch.dtype, torch.Size], list[int]] = defaultdict(list)
-    for i, t in enumerate(tensors):
-        groups[(t.device, t.dtype, t.shape)].append(i)
-    return [(idx, [tensors[i] for i in idx]) for idx in groups.values()]
-
-
-def stacked(plan: StackPlan, into: list[torch.Tensor] | None = None) -> Stacks:
-    """Copies of small tensors (the weight probe's slices) in one stack per shape: a copy
-    of hundreds of them is a few ops, and so are their norms and differences later.
-
-    into: one buffer per group (`stack_buffers`) to copy into instead of new tensors,
-    for a copy taken every step. A new stack larger than glibc's mmap threshold (128 KB:
-    32 slices of 4096 floats) gets pages of its own, mapped and faulted in and unmapped
-    again at every step: for an MLP 8x512 (a 147 KB stack) that is half of the weight
-    probe's time a step."""
-    if into is None:
-        return [(idx, torch.stack(views).reshape(len(views), -1)) for idx, views in plan]
-    return [(idx, torch.stack(views, out=buf).reshape(len(views), -1))
-            for (idx, views), buf in zip(plan, into)]
-
-
-def stack_buffers(plan: StackPlan) -> list[torch.Tensor]:
-    """Buffers for `stacked(plan, into=...)`, one per group."""
-    return [_rows_like(len(views), views[0]) for _, views in plan]
-
-
 def _rows_like(rows: int, x: torch.Tensor) -> torch.Tensor:
     """An uninitialised buffer of `rows` tensors like `x`, kept from step to step. Made
     outside inference mode: made during an eval under `inference_mode` it would be an
@@ -465,10 +424,9 @@ def _rows_like(rows: int, x: torch.Tensor) -> torch.Tensor:
         return torch.empty((rows, *x.shape), dtype=x.dtype, device=x.device)
 
 
-def stacked_norms(stacks: Stacks, into: Scalars) -> list[int]:
-    """Positions of the norm of each tensor in `stacks`, in the order of their indices."""
-    pos = [0] * sum(len(idx) for idx, _ in stacks)
-    for idx, rows in stacks:
-        wide = torch.float32 if rows.element_size() < 4 else None  # as in grouped_norms
-        _place(pos, idx, into.add_row(torch.linalg.vector_norm(rows, dim=1, dtype=wide)))
-    return pos
+def _place(pos: list[int], idx: list[int], start: int) -> None:
+    """Positions of consecutive values from `start`, for the tensors at `idx`."""
+    for k, i in enumerate(idx):
+        pos[i] = start + k
+
+

@@ -47,7 +47,7 @@ LAYER_COLUMNS: tuple[str, ...] = (
     "w_edited",       # |w_now - w_after_last_update| / |w_after_last_update| as the step's
                       # update begins, of the same slice as param_norm: how far the weights
                       # moved outside the optimizer before the step's forward (every step
-                      # from the second on; `record.weights.WeightProbe.queue_edits`)
+                      # from the second on; `record.weights.WeightProbe.queue`)
 )
 """Per layer-step columns. NaN means "not measured at this step"."""
 

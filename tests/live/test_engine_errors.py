@@ -14,6 +14,7 @@ from models import mlp, train
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.notebook.panel import Panel
 from neuraldbg_nb.record import reductions
+from neuraldbg_nb.record.slices import Slices
 
 FAULT = 5
 
@@ -23,17 +24,21 @@ class InjectedBug(RuntimeError):
 
 
 def _break(monkeypatch: pytest.MonkeyPatch, part: str) -> dict[str, bool]:
-    """`reductions.<part>` raises while the returned switch is on: a bug injected into the
-    engine, not into the training."""
-    real = getattr(reductions, part)
+    """`reductions.<part>` (or `Slices.<part>`, for a dotted "Slices.<part>") raises while
+    the returned switch is on: a bug injected into the engine, not into the training."""
+    owner: object = reductions
+    label = part
+    if part.startswith("Slices."):
+        owner, part = Slices, part.removeprefix("Slices.")
+    real = getattr(owner, part)
     switch = {"on": False}
 
     def broken(*args, **kwargs):
         if switch["on"]:
-            raise InjectedBug(f"injected bug in {part}")
+            raise InjectedBug(f"injected bug in {label}")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reductions, part, broken)
+    monkeypatch.setattr(owner, part, broken)
     return switch
 
 
@@ -47,8 +52,8 @@ def _module_hooks(model: torch.nn.Module) -> int:
     ("min_max", "root_pre", FAULT),        # the input batch, before the forward
     ("min_max", "post", FAULT),            # a layer's hook, inside the forward
     ("grouped_norms", "opt_pre", FAULT),   # the step boundary, before the update
-    ("stacked", "opt_pre", FAULT),         # the weights' edits, before the update
-    ("stacked", "opt_post", FAULT + 1),    # the weight probe, after the update
+    ("Slices.kept_and_moved", "opt_pre", FAULT),  # the weights' edits, before the update
+    ("Slices.keep", "opt_post", FAULT + 1),       # the weight probe, after the update
 ])
 def test_an_engine_error_stops_the_watch_not_the_training(
         monkeypatch: pytest.MonkeyPatch, part: str, where: str, recorded: int) -> None:
