@@ -45,7 +45,7 @@ have risen, from its first positive value, to be named as its cause."""
 STEADY_RISE = 0.9
 """Fraction of the steps up to the failure at which the learning rate did not fall."""
 _NOT_LR = ("data_anomaly", "lr_change", "eval_mode", "grads_not_zeroed", "no_gradients",
-           "step_repeated", "not_in_optimizer", "cut_off")
+           "step_repeated", "not_in_optimizer", "cut_off", "loss_misuse")
 """Kinds of a first failure that a learning rate does not cause: the data, the learning
 rate's own moves, the loop's bugs."""
 

@@ -6,7 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..trace.columns import Trace
-from . import activations, amp, data, gradients, loop, loss, membership, regime, updates
+from . import (
+    activations,
+    amp,
+    data,
+    gradients,
+    loop,
+    loss,
+    loss_form,
+    membership,
+    regime,
+    updates,
+)
 from .baseline import BaselineCache
 from .events import Event
 from .regime import GRADIENT_PATIENCE
@@ -35,6 +46,8 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (updates.lr_findings, _recent),
     (updates.stall_findings, _recent),
     (loss.findings, _trend),
+    (loss_form.findings, _recent),
+    (loss_form.chance_findings, loss_form.chance_history),
     (gradients.findings, gradients.history),
     (loop.findings, loop.history),
     (membership.findings, _recent),

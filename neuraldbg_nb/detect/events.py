@@ -22,6 +22,8 @@ class Kind(str, enum.Enum):
     DATA_ANOMALY = "data_anomaly"
     LOSS_NONFINITE = "loss_nonfinite"
     LOSS_DIVERGENCE = "loss_divergence"
+    LOSS_MISUSE = "loss_misuse"
+    LOSS_AT_CHANCE = "loss_at_chance"
     LR_CHANGE = "lr_change"
     EVAL_MODE = "eval_mode"
     GRADS_NOT_ZEROED = "grads_not_zeroed"

@@ -70,4 +70,33 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                                                 + _still_below(v, first, sev),
                 recovery=lambda n, s, v, p, sev: f"loss back to its recent level ({fmt(v)}) "
                                                  f"at step {s}"),
+        _above_first(loss, first, rising, th),
     ]
+
+
+def _above_first(loss: np.ndarray, first: float, rising: np.ndarray, th: Thresholds
+                 ) -> Finding:
+    """A loss `loss_rise` or more above the run's first loss, held for `patience` steps:
+    a divergence within the first steps, before the loss has a recent level to jump from
+    (`warmup`, and `patience` steps more to hold it): a learning rate far too high takes
+    a classifier's loss from 2.3 to 40-180 by its second step, where it then swings, and
+    the recent level the jump check reads from there is the diverged one. A later rise is
+    the jump's and the trend's checks' (one event per divergence). Between sqrt(`loss_rise`) and `loss_rise` times the first loss a
+    reported divergence holds, so a swing down is no recovery. A loss that can be zero
+    or negative is not judged so; a non-finite one is `loss_nonfinite`'s."""
+    if not (first > 0 and np.isfinite(first)):
+        codes = np.full(loss.shape, OK, np.int8)
+    else:
+        with np.errstate(invalid="ignore"):
+            above = np.isfinite(loss) & (loss >= th.loss_rise * first)
+            band = np.isfinite(loss) & (loss >= np.sqrt(th.loss_rise) * first)
+            judged = within(~rising, th.patience)
+            codes = np.where(np.isnan(loss) | band & ~(above & judged), HOLD,
+                             np.where(above, ERROR, OK)).astype(np.int8)
+    return Finding("loss_divergence", "loss_start", codes, loss,
+                   previous=np.full(loss.shape, first), per_layer=False, patience=th.patience,
+                   hold_counts=False,
+                   message=lambda n, s, v, p, sev: f"loss diverged at step {s}: {fmt(v)}, "
+                                                   f"{v / p:.0f}x its first value {fmt(p)}, "
+                                                   f"and stayed {th.loss_rise:g}x or more above "
+                                                   f"it for {th.patience} steps")

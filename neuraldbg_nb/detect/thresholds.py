@@ -78,6 +78,12 @@ class Thresholds:
     """Steps in a row a model trained in eval mode (dropout off, BatchNorm on running
     statistics) must keep at it before the warning becomes an error, dated from its first
     step: an evaluation that forgot `model.train()` is one, a short stretch is not."""
+    chance_steps: int = 100
+    """Steps in a row a cross-entropy loss must stay at or above chance, ln(C) for C
+    classes (within `loss_form.CHANCE_MARGIN`), before it is a warning; twice as many make
+    it an error: the model learns nothing from its inputs (labels shuffled apart from
+    them, batches sorted by class, gradients clipped to nothing). A hard task's slow
+    start leaves chance within it."""
     cut_steps: int = 8
     """Steps in a row that a layer which runs, is trainable and is held by an optimizer must
     get no gradient at all before it is cut off from the loss (an error, dated from the
@@ -100,7 +106,8 @@ class Thresholds:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"Thresholds.{name} is a fraction in (0, 1], got "
                                  f"{getattr(self, name)!r}")
-        for name in ("window", "warmup", "patience", "trend", "cut_steps", "eval_steps"):
+        for name in ("window", "warmup", "patience", "trend", "cut_steps", "eval_steps",
+                     "chance_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Thresholds.{name} must be >= 1, got {getattr(self, name)!r}")
 

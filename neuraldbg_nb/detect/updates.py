@@ -283,6 +283,9 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         # a half-precision layer is judged by how many of its weights stayed put (below)
         known = judged & pushed & ~np.isnan(ratio) & np.isnan(unmoved)
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
+        # the same two updates in a row, each by less than `NEGLIGIBLE`
+        negligible = known & (ratio < NEGLIGIBLE) & np.isfinite(w1) & \
+            (np.abs(w1 - w2) <= NEGLIGIBLE * np.abs(w2))
     codes = grade(known, (still, WARNING))
     lr = lagged(trace.scalar("lr", lo, stop), 1)  # the learning rate of the update judged
 
@@ -301,15 +304,18 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
                     step_offset=-1),
-            rounded, _whole_model(codes, rounded.codes, judged & np.isfinite(grad),
+            rounded, _whole_model(np.where(negligible, WARNING, codes).astype(np.int8),
+                                  codes, rounded.codes, judged & np.isfinite(grad),
                                   np.isfinite(grad).sum(axis=1), lr, lo)]
 
 
-def _whole_model(stalled: np.ndarray, rounded: np.ndarray, trained: np.ndarray,
+def _whole_model(stalled: np.ndarray, stalled_exactly: np.ndarray, rounded: np.ndarray,
+                 trained: np.ndarray,
                  with_grad: np.ndarray, lr: np.ndarray, lo: int) -> Finding:
     """The whole model stopped learning: at a sampled update, every layer judged that had
-    a gradient was left as it was (`stalled`: exactly; `rounded`: its half-precision
-    updates round away), at least two of them or the only layer with a gradient
+    a gradient was left as it was (`stalled`: exactly, or by less than `NEGLIGIBLE` of its
+    size, which counts only at a learning rate below `TOO_SMALL`; `rounded`: its
+    half-precision updates round away), at least two of them or the only layer with a gradient
     (`with_grad`: layers not judged, such as another optimizer's, count there), for a
     reason that holds for the whole model: its half-precision updates round away, or the
     learning rate is below `TOO_SMALL`. (At an ordinary learning rate the layers are out of
@@ -323,9 +329,13 @@ def _whole_model(stalled: np.ndarray, rounded: np.ndarray, trained: np.ndarray,
     complete = (seen | ~trained).all(axis=1) & seen.any(axis=1)
     n = seen.sum(axis=1).astype(np.float64)
     all_still = ((verdict == WARNING) | ~seen).all(axis=1) & ((n >= 2) | (with_grad == 1))
+    exact = ((np.maximum(stalled_exactly, rounded) == WARNING) | ~seen).all(axis=1)
     half: np.ndarray = np.asarray((rounded >= 0).any(axis=1))
     with np.errstate(invalid="ignore"):
-        whole = half | (lr < TOO_SMALL)  # a reason that holds for every layer
+        tiny = lr < TOO_SMALL
+        # a reason that holds for every layer; moves below `NEGLIGIBLE` only at a
+        # learning rate that small (elsewhere they are a converged model's)
+        whole = half & exact | tiny
     codes = np.where(complete, np.where(all_still & whole, ERROR, OK), HOLD).astype(np.int8)
     codes = codes[:, None]
 
@@ -342,14 +352,22 @@ def _whole_model(stalled: np.ndarray, rounded: np.ndarray, trained: np.ndarray,
             why = (f"the learning rate is {fmt(rate)}{_since(lr, row, lo)}: a scheduler "
                    f"stepped per batch instead of per epoch, or a decay far too strong. "
                    f"Step the scheduler once per epoch, or raise the learning rate")
+        how = "exactly as they were" if 0 <= row < len(exact) and exact[row] else \
+            f"as they were (moved by less than {NEGLIGIBLE:g} of their size)"
         return (f"the whole model stopped learning from step {s}: the updates leave the "
-                f"weights of all {layers} with gradients exactly as they were; {why}")
+                f"weights of all {layers} with gradients {how}; {why}")
 
     return Finding("weights_not_updated", "model", codes, n[:, None], message=message,
                    per_layer=False, step_offset=-1,
                    recovery=lambda n, s, v, p, sev: f"updates move the model's weights "
                                                     f"again at step {s}")
 
+
+NEGLIGIBLE = 1e-7
+"""An update that moves a weight slice by less than this share of its size (about float32's
+precision) changes nothing a model computes: at a learning rate below `TOO_SMALL`, a layer
+whose updates are this small counts as stalled for `_whole_model` (SGD's small weights
+still move by 1e-10 of their size there, which no exact test sees)."""
 
 TOO_SMALL = 1e-8
 """A learning rate below this moves no float32 weight of ordinary size (their precision is

@@ -1,6 +1,7 @@
 """What the backwards of a step tell: the loss (the tensor `backward()` was called on,
 unscaled where a GradScaler scaled it, or what `run.log_loss` was given), whether each starts on the last step's gradients
-(`CarryCheck`), and how many watched layers were in eval mode as it started."""
+(`CarryCheck`), how many watched layers were in eval mode as it started, and, on
+sampled steps, how the loss was built (`loss_form`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import torch
 
 from ..trace.columns import REAPPLIED
-from . import reductions, step_row
+from . import loss_form, reductions, step_row
 from .amp_scale import ScaleReader, ScaleTrail
 from .carried import CarryCheck, OtherCarries
 from .discovery import Models
@@ -33,8 +34,9 @@ class Backwards:
         the step's loss is their sum (`step_row.loss`)."""
         self.new_step()
 
-    def new_step(self) -> None:
-        """A step starts (the last one's transfer was read)."""
+    def new_step(self, sampled: bool = False) -> None:
+        """A step starts (the last one's transfer was read); `sampled`: its first
+        backward's loss graph is read (`loss_form`)."""
         self._heard: list[int] = []  # positions of the losses `backward()` was called on
         self._logged: list[int] = []  # of the tensors given to `log_loss`
         self._logged_host: list[float] = []  # the numbers given to `log_loss`
@@ -42,11 +44,18 @@ class Backwards:
         self._trail.new_step()
         self.eval_layers = -1
         """The most layers found in eval mode at a backward of the step; -1: none heard."""
+        self._read_form = sampled
+        self.form = {"loss_squashed": math.nan, "loss_broadcast": math.nan,
+                     "loss_chance": math.nan}
+        """How the step's first loss was built (`loss_form.read`); NaN: not read."""
 
     def heard(self, root: torch.Tensor) -> None:
         """A backward starts from `root` (the loss tap); the loss is the unscaled one where
         `root` is a GradScaler's scaling of it (`ScaleReader`)."""
         loss = self._scales.unscaled(root)
+        if self._read_form:
+            self._read_form = False
+            self.form = loss_form.read(root, scaled=loss is not None)
         self._heard.append(self._sc.add(root.detach() if loss is None else loss))
         if self._scales.scale is not None:
             self._trail.heard(self._scales.scale, self._sc)

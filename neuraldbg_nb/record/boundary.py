@@ -22,7 +22,7 @@ from torch import nn
 from ..trace.columns import Trace
 from . import reductions, step_row
 from .backward import Backwards
-from .discovery import Models
+from .discovery import Candidate, Models
 from .forward import Forward, Held
 from .inputs import Inputs
 from .optimizer import learning_rate, missing_gradients
@@ -54,13 +54,16 @@ class Boundary:
                  backwards: Backwards, weights: WeightProbe, steps: StepOwner,
                  sc: reductions.Scalars, timer: StepTimer,
                  on_step: Callable[[StepRecord], None], *, replay: Replay | None = None,
-                 set_hooks: Callable[[bool], None] | None = None) -> None:
+                 set_hooks: Callable[[bool], None] | None = None,
+                 hook_layers: Callable[[list[Candidate]], None] | None = None) -> None:
         """`set_hooks`: turns the layer hooks on or off for the next forward, where they
         are on only for sampled and reference steps, every `HOOK_EVERY`-th step (their
         abs-max alone: each layer's recent level is known where a jump is judged) and the
         step after a learning rate's move (`replay.lr_moved`); None: on every step.
         `replay`: the step's calls, replayed with the hooks on where the step was not
-        hooked and its every-step numbers say it went wrong (`replay.anomalous`)."""
+        hooked and its every-step numbers say it went wrong (`replay.anomalous`).
+        `hook_layers`: hooks layers the loop put into a model inside the watch
+        (`Models.rescan`) where the layer hooks are on."""
         self._trace = trace
         self._models = models
         self._forward = forward
@@ -73,6 +76,8 @@ class Boundary:
         self._on_step = on_step
         self._replay = replay
         self._set_hooks = set_hooks
+        self._hook_layers = hook_layers
+        self._rescans = Rescans()
         self._hook_next = False  # the next forward is hooked (a learning rate moved)
         self.hooked = True
         """The layer hooks are on for the step in progress."""
@@ -87,7 +92,7 @@ class Boundary:
         hold_all = sampled or is_reference_step(self._trace.n_steps)
         self._forward.new_step(sampled, hold_all)
         self._inputs.new_step(sampled)
-        self._backwards.new_step()
+        self._backwards.new_step(sampled)
         if self._replay is not None:
             self._replay.new_step()
         if self._set_hooks is not None:
@@ -127,12 +132,25 @@ class Boundary:
         sc, trace = self._sc, self._trace
         params = self._models.params()
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
+        step = trace.n_steps
+        replaced = False
+        if self._rescans.due(step, len(with_grad)):
+            version = self._models.version
+            new = self._models.rescan()
+            if new and self._hook_layers is not None:
+                self._hook_layers(new)
+            replaced = self._models.version != version
+            self._rescans.found(step, replaced)
+            if replaced:
+                params = self._models.params()
+                with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
+            self._rescans.graded = len(with_grad)
         g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)
-        step = trace.n_steps
         # the last update's weight norms (`WeightProbe`) go into the last row, in one
         # pass with this step's gradient norms and the weights' moves since that update
-        if step > 0:
+        # (weights replaced since: the last update's copies are of other tensors)
+        if step > 0 and not replaced:
             weight_parts, edits = self._weights.queue(sc, opt is not None and not updated)
         else:
             weight_parts, edits = self._weights.drop(), None
@@ -169,7 +187,8 @@ class Boundary:
                    "eval_layers": eval_layers if eval_layers >= 0 else math.nan,
                    "grad_carried": self._backwards.carried(opt, params, v),
                    "grads_missing": missing,
-                   "others_carried": self._backwards.others.resolve(v)}
+                   "others_carried": self._backwards.others.resolve(v),
+                   **self._backwards.form}
         if self._steps.input_trained:  # (`StepOwner.input_trained`)
             self._inputs.drop()
         scalars.update(self._inputs.read(v))
@@ -244,3 +263,33 @@ def _factor(moved: float, norm: float) -> float:
     if moved == 0.0 or moved == math.inf:
         return moved
     return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)
+
+
+RESCAN_EVERY = 64
+"""The models are walked for replaced layers and weights (`Models.rescan`) at least once in
+this many steps, and at most this far apart after walks that found nothing."""
+
+
+class Rescans:
+    """When to walk the models for layers and weights the loop replaced inside the watch.
+
+    A replaced weight is one the models no longer hold: the watched one gets no gradient
+    from then on (`zero_grad` sets it to None), so fewer watched weights with a gradient
+    than at the step before is the sign, read from the list of gradients the boundary
+    builds anyway. A walk that finds nothing doubles the wait for the next such sign (a
+    GAN's generator sits out every other step), up to `RESCAN_EVERY`; every
+    `RESCAN_EVERY`-th step walks anyway (gradients zeroed in place keep their count)."""
+
+    def __init__(self) -> None:
+        self.graded = 0
+        """Watched weights with a gradient at the last step."""
+        self._gap = 1
+        self._next = 0
+
+    def due(self, step: int, graded: int) -> bool:
+        fewer, self.graded = graded < self.graded, graded
+        return step > 0 and (step % RESCAN_EVERY == 0 or fewer and step >= self._next)
+
+    def found(self, step: int, changed: bool) -> None:
+        self._gap = 1 if changed else min(2 * self._gap, RESCAN_EVERY)
+        self._next = step + self._gap

@@ -48,7 +48,9 @@ class Models:
 
     The containers (`roots`, `candidates`, `index`, `owners`, `other_lr`) are shared by
     reference with the parts that read them on every call (the forward hooks, the step
-    owner, the weight probe): they only grow, in place, as models are found."""
+    owner, the weight probe): they change in place, as models are found and as a loop
+    replaces a layer or a weight inside the watch (`rescan`); `version` counts the changes
+    of `owners`, for the parts that cache what they read of it."""
 
     def __init__(self, trace: Trace, given: bool) -> None:
         """`given`: the watch was given its models; without, they are found as they run
@@ -66,12 +68,18 @@ class Models:
         """Modules whose weights another optimizer trains, not the primary: their layers'
         learning rate is not the step's (`LayerInfo.primary_lr`; `StepOwner`)."""
         self._params: list[tuple[str, nn.Parameter, int]] = []
+        self._params_version = -1
+        self._prefixes: list[str] = []
+        self.version = 0
+        """Incremented whenever `owners` changes."""
 
     def add_root(self, root: nn.Module, prefix: str) -> list[Candidate]:
         """Register root's layers and weights, their names under `prefix`; the layers
         that are new."""
         self.roots.add(id(root))
         self.root_modules.append(root)
+        self._prefixes.append(prefix)
+        self.version += 1
         root = unwrapped(root)
         self.modal.append((root, [m for m in root.modules() if acts_by_mode(m)]))
         seen = {id(p) for _, p, _ in self.owners}
@@ -109,10 +117,49 @@ class Models:
 
     def params(self) -> list[tuple[str, nn.Parameter, int]]:
         """(name, parameter, layer index) of every watched weight; rebuilt only when a
-        model is found."""
-        if len(self._params) != len(self.owners):
+        model is found or a layer or weight replaced (`rescan`)."""
+        if self._params_version != self.version:
             self._params = [(name, p, self.layer(mid)) for name, p, mid in self.owners]
+            self._params_version = self.version
         return self._params
+
+    def rescan(self) -> list[Candidate]:
+        """Walk the roots again for layers and weights the loop replaced inside the watch
+        (`model[4] = nn.Linear(...)`, `layer.weight = nn.Parameter(...)`): a new layer
+        under an old name keeps that name's trace column; `owners` becomes the weights
+        the models hold now (`version` moves only where they differ). A layer that left
+        the models is no longer watched. The layers that are new. Costs one walk of the
+        models' modules: asked when a step's gradients suggest a change, not every step
+        (`Boundary`)."""
+        owners: list[Owner] = []
+        new: list[Candidate] = []
+        walked: set[int] = set()
+        seen: set[int] = set()
+        modal = []
+        for root, prefix in zip(self.root_modules, self._prefixes):
+            inner = unwrapped(root)
+            modal.append((inner, [m for m in inner.modules() if acts_by_mode(m)]))
+            for name, m in iter_layers(inner, prefix):
+                if id(m) in walked:
+                    continue
+                walked.add(id(m))
+                if id(m) not in self.candidates:
+                    c = self.candidates[id(m)] = Candidate(
+                        name, m, role_of(m), bounds_of(m), is_nonnegative(m),
+                        type(m) is nn.ReLU)
+                    new.append(c)
+                for pname, p in own_named_params(m):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        owners.append((f"{name}.{pname}", p, id(m)))
+        self.modal = modal
+        for mid in [mid for mid in self.candidates if mid not in walked]:
+            del self.candidates[mid]
+        if [(id(p), mid) for _, p, mid in owners] != \
+                [(id(p), mid) for _, p, mid in self.owners]:
+            self.owners[:] = owners
+            self.version += 1
+        return new
 
     def layers_in_eval(self) -> int:
         """Layers that act by mode (`acts_by_mode`: dropout, BatchNorm) found in eval mode,

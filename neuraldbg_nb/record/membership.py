@@ -143,7 +143,7 @@ class Membership:
     def _refresh(self, models: Models, n: int) -> None:
         params = models.params()
         opts = list(self._opts)
-        key = (len(params), n, tuple((id(o), tuple(len(g["params"]) for g in o.param_groups))
+        key = (models.version, n, tuple((id(o), tuple(len(g["params"]) for g in o.param_groups))
                                      for o in opts))
         if key == self._key:
             return

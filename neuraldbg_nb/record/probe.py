@@ -91,7 +91,8 @@ class Probe:
         self._boundary = Boundary(trace, models, self._forward, self._inputs,
                                   self._backwards, self._weights, self._steps, sc,
                                   self._timer, on_step, replay=self._replay,
-                                  set_hooks=self._set_hooks if self._sampled_hooks else None)
+                                  set_hooks=self._set_hooks if self._sampled_hooks else None,
+                                  hook_layers=self._hook_layers)
         self._optimizers = Optimizers(self._steps, self._weights, self._boundary,
                                       self._inputs, self._timer, sc)
         for prefix, root in roots or []:
@@ -166,7 +167,7 @@ class Probe:
         """Does `opt` train weights of no model found? Looked at again only when its
         parameter groups or the watched weights change."""
         params = self._models.params()
-        key = (sum(len(g["params"]) for g in opt.param_groups), len(params))
+        key = (sum(len(g["params"]) for g in opt.param_groups), self._models.version)
         seen = self._known_opts.get(opt)
         if seen is not None and seen[0] == key:
             return seen[1]

@@ -28,12 +28,13 @@ class StepOwner:
 
     def __init__(self, models: Models) -> None:
         self._owners = models.owners
+        self._models = models
         self._index = models.index
         self._trace = models.trace
         self._given = models.given
         self._other_lr = models.other_lr
         self._primary: weakref.ref[torch.optim.Optimizer] | None = None
-        # other optimizers: the number of watched weights when last asked, and whether
+        # other optimizers: the watched weights' `Models.version` when last asked, and whether
         # they train any of them
         self._others: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, bool]] = \
             weakref.WeakKeyDictionary()
@@ -79,11 +80,11 @@ class StepOwner:
 
     def trains_watched(self, opt: torch.optim.Optimizer) -> bool:
         """Whether an optimizer other than the primary one updates watched weights;
-        asked again only when a model is discovered. Layers it trains alone are marked:
+        asked again only when the watched weights change (`Models.version`). Layers it trains alone are marked:
         the step's learning rate is the primary's, not theirs (`LayerInfo.primary_lr`)."""
         known = self._others.get(opt)
-        if known is None or known[0] != len(self._owners):
-            known = self._others[opt] = (len(self._owners), bool(self._owners)
+        if known is None or known[0] != self._models.version:
+            known = self._others[opt] = (self._models.version, bool(self._owners)
                                          and self._owns(opt))
             primary = self.primary
             if known[1] and primary is not None:

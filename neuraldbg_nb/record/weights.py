@@ -43,7 +43,10 @@ class WeightProbe:
         # the slices holding the copy the last update left, and their layers, until the
         # step boundary reads its norms (`queue`)
         self._last: tuple[Slices, list[int]] | None = None
-        self._before: list[torch.Tensor] | None = None  # the slices before a sampled update
+        # the slices before a sampled update, and the ids of the weights they are of (a
+        # weight the loop replaced since is another tensor, of the same shape)
+        self._before: tuple[list[int], list[torch.Tensor]] | None = None
+        self._pids: list[int] = []  # the id of each slice's parameter
         # the sampled update's norms: (moved, their layers, before, their layers)
         self._update: tuple[list[int], list[int], list[int], list[int]] | None = None
         # the sampled update's count of half-precision weights it left unchanged:
@@ -68,6 +71,7 @@ class WeightProbe:
             self._key, self._idx = key, None
             self._set = Slices([w for w, _ in trained], WEIGHT_PROBE)
             self._mids = [mid for _, mid in trained]
+            self._pids = [id(p) for _, p, _ in self._owners if p.requires_grad]
         return self._set
 
     def _layers(self) -> list[int]:
@@ -78,7 +82,8 @@ class WeightProbe:
 
     def keep_before(self) -> None:
         """Copy the slices before an update that is to be measured."""
-        self._before = self._slices().take()
+        s = self._slices()
+        self._before = (self._pids, s.take())
 
     def after_update(self, sc: reductions.Scalars, primary: bool) -> None:
         """After an optimizer's update: the slices are copied (their norms are read at
@@ -99,11 +104,12 @@ class WeightProbe:
         s.keep()
         self._last = (s, idx)
         before, self._before = self._before, None
-        if before is not None and s.like(before):
-            moved = s.moved(sc, before)
+        if before is not None and before[0] == self._pids and s.like(before[1]):
+            copy = before[1]
+            moved = s.moved(sc, copy)
             if primary or self._update is None:
-                self._update = (moved, idx, s.norms(sc, before), idx)
-                self._unmoved = _unmoved(s, before, idx, sc)
+                self._update = (moved, idx, s.norms(sc, copy), idx)
+                self._unmoved = _unmoved(s, copy, idx, sc)
             else:
                 m, m_idx, b, b_idx = self._update
                 self._update = (m + moved, m_idx + idx, b, b_idx)

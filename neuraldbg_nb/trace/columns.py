@@ -73,9 +73,24 @@ STEP_COLUMNS: tuple[str, ...] = (
     "others_carried",  # `grad_carried` for the other optimizers that stepped since the last
                        # boundary (a GAN's second), the worst of them
                        # (`record.carried.OtherCarries`)
+    "loss_squashed",  # sampled: the loss applies its own squashing to an output already
+                      # squashed or bounded (`record.loss_form`: SOFTMAX_TWICE,
+                      # SIGMOID_TWICE, BOUNDED_LOGITS; 0: not)
+    "loss_broadcast",  # sampled: how many targets each prediction of a regression loss
+                       # meets, broadcast against a target of another shape (0: none)
+    "loss_chance",  # sampled: ln(C) where the loss is a mean cross-entropy over C classes
+                    # (`record.loss_form.chance`; NaN: another loss)
 )
 """Per step scalars: the loss, the learning rate, the watched model's input batch, the
 models' mode, the gradients' zeroing."""
+
+SOFTMAX_TWICE = 1.0
+"""`loss_squashed`: a log-softmax (cross-entropy's) of a softmax's output."""
+SIGMOID_TWICE = 2.0
+"""`loss_squashed`: `binary_cross_entropy_with_logits` of a sigmoid's output."""
+BOUNDED_LOGITS = {3.0: "ReLU", 4.0: "sigmoid", 5.0: "tanh"}
+"""`loss_squashed`: a log-softmax of the output of one of these activations (logits that
+cannot go below 0, or beyond their bounds)."""
 
 REAPPLIED = 2.0
 """The `grad_carried` value of a step that heard no backward and whose gradients are the

@@ -104,3 +104,45 @@ def test_a_warm_up_from_a_learning_rate_of_zero_is_not_a_layer_left_out():
             train(setup, 40, opt=opt, after_update=lambda *_, w=warm: w.step())
         assert run.trace.scalar("lr")[0] == 0
         assert not [e for e in run.events if e.kind == "weights_not_updated"], arch
+
+
+def _tanh_mlp_on_task(lr: float, steps: int = 40):
+    """A tanh MLP trained with SGD at learning rate `lr`; its run and its losses."""
+    from loops import task_batches
+
+    x, y = task_batches()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                                torch.nn.Linear(64, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[step]), y[step])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return run, np.array(losses)
+
+
+def test_a_learning_rate_far_too_high_diverges_within_the_first_steps_and_is_named():
+    """SGD at a learning rate of 20 on a task its healthy twin learns at 0.1: the loss
+    leaves its first value by 10x and more within a few steps, before the loss has a
+    recent level of its own to jump from, then swings up there. An error at the step it
+    first stood 10x above where it began (held 3 steps), and the first failure at or
+    before it, with the learning rate in its sentence."""
+    run, losses = _tanh_mlp_on_task(20.0)
+    above = np.flatnonzero(losses >= 10 * losses[0])
+    assert len(above) and above[0] < 10, losses
+    diverged = next(e for e in run.events if e.signal == "loss_start")
+    assert (diverged.kind, diverged.severity) == ("loss_divergence", "error")
+    assert diverged.step == above[0], (diverged.step, losses[:10])
+    assert "its first value" in diverged.message
+    first = run.first_failure
+    assert first is not None and first.step <= diverged.step, first
+    assert first is diverged or "learning rate" in first.message, first.message
+    healthy, _ = _tanh_mlp_on_task(0.1)
+    assert not [e for e in healthy.events if e.severity == "error"], \
+        [str(e) for e in healthy.events]
