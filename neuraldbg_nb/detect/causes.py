@@ -20,7 +20,10 @@ blame, since they are someone's deliberate change rather than a failure:
   the input (`growth`): the initialisation amplifies the backward signal ("init");
 - the learning rate rose steadily, `RISE` times or more, and was still rising as the
   failure began (a warm-up that never stops): no single move is large enough to be an
-  "lr_change", yet the updates outgrow what the model bears ("lr_rise").
+  "lr_change", yet the updates outgrow what the model bears ("lr_rise");
+- a step schedule stepped per batch had cut the learning rate before the failure
+  (`lr_change` with signal "per_batch", a warning at any step up to it): a model that stops
+  learning, or a loss held at chance, is what the small rate leaves ("per_batch").
 
 Pure functions of the events, the thresholds and the trace's first step, so a live run, a
 re-classified one and a saved and loaded one give the same causes.
@@ -58,8 +61,9 @@ class Cause:
     """"lr_change" (the learning rate moved), "edited" (weights changed outside the
     optimizer), "reset" (weights lost most of their size in one update), "gradient" (the
     update applied an exploding gradient), "init" (gradients grow per layer toward the
-    input from the first step) or "lr_rise" (the learning rate rose steadily into the
-    failure; `step`: where the rise starts)."""
+    input from the first step), "lr_rise" (the learning rate rose steadily into the
+    failure; `step`: where the rise starts) or "per_batch" (a step schedule stepped per
+    batch cut it; `step`: where that was first seen)."""
     step: int
     """The step it happened during."""
     layer: str | None
@@ -89,7 +93,7 @@ def likely_causes(events: list[Event], root: Event | None, th: Thresholds,
     its numbers ("gradient", "init")."""
     if root is None:
         return []
-    moved = _lr_moved(events, root, th.lookback)
+    moved = _lr_moved(events, root, th.lookback) + _per_batch(events, root)
     edited = _edited(events, root, th.max_update)
     if trace is not None and not edited:
         edited = _edited_before(root, trace, th.max_update)
@@ -189,6 +193,20 @@ def _lr_moved(events: list[Event], root: Event, lookback: int) -> list[Cause]:
                 f"{when}: a likely cause")
         out.append(Cause("lr_change", e.step, None, e.value, e.previous, text))
     return out
+
+
+def _per_batch(events: list[Event], root: Event) -> list[Cause]:
+    """The first warning, up to the first failure, that a step schedule is stepped per
+    batch; none where the failure is one a learning rate does not cause."""
+    if root.kind in _NOT_LR:
+        return []
+    for e in events:
+        if e.kind == "lr_change" and e.signal == "per_batch" and e.step <= root.step:
+            text = (f"the learning rate fell to {e.value:.3g} in drops a few steps apart by "
+                    f"step {e.step}, as a step schedule stepped per batch instead of per "
+                    f"epoch does: a likely cause")
+            return [Cause("per_batch", e.step, None, e.value, e.previous, text)]
+    return []
 
 
 def _edited(events: list[Event], root: Event, max_update: float) -> list[Cause]:

@@ -43,7 +43,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (activations.findings, _recent),
     (regime.findings, _recent),
     (updates.findings, _recent),
-    (updates.lr_findings, _recent),
+    (updates.lr_findings, updates.per_batch_history),
     (updates.stall_findings, _recent),
     (loss.findings, _trend),
     (loss_form.findings, _recent),

@@ -451,29 +451,68 @@ def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Findin
             _stepped_per_batch(lr, prev, lo, th)]
 
 
-def _stepped_per_batch(lr: np.ndarray, prev: np.ndarray, lo: int, th: Thresholds) -> Finding:
-    """A step schedule stepped every batch instead of every epoch: the learning rate fell
-    `jump` times in one step (within `LR_SLACK`) at two steps or more of the last `window`,
-    to a rate above 0. A StepLR(step_size=5, gamma=0.1) stepped per batch divides it 10x
-    every 5 steps; a schedule stepped per epoch falls so once an epoch, and a smooth one
-    (cosine, one-cycle, exponential) never in one step. A warning from the second fall,
-    held while the last `window` steps hold two;
-    the whole model stopped learning, once the rate has reached about 0, is the error
-    (`_whole_model`)."""
+PER_BATCH_HISTORY = 4
+"""Windows of history a step schedule's drops are read over (`_stepped_per_batch`)."""
+
+
+def per_batch_history(th: Thresholds) -> int:
+    """Steps before a chunk that `lr_findings` reads."""
+    return PER_BATCH_HISTORY * th.window + 2
+
+
+def _drops(lr: np.ndarray, prev: np.ndarray, th: Thresholds) -> np.ndarray:
+    """Rows where a step schedule dropped the learning rate: from a rate held for a step
+    (a schedule's plateau) to a lower one above 0, or by `jump` at once from anywhere. A
+    smooth decay (cosine, exponential, one-cycle) lowers it every step, never from a
+    plateau."""
+    before = np.full_like(prev, np.nan)
+    before[1:] = prev[:-1]
     with np.errstate(divide="ignore", invalid="ignore"):
-        fell = (lr > 0) & (np.log10(prev / lr) >= np.log10(th.jump) - LR_SLACK)
-    counts = np.concatenate([[0], np.cumsum(fell)])
-    rows = np.arange(len(lr))
-    recent = counts[rows + 1] - counts[np.maximum(rows + 1 - th.window, 0)]
-    codes = np.where(np.isnan(lr), HOLD, np.where(recent >= 2, WARNING, OK))
+        fall = np.log10(prev / lr)
+    held = prev == before
+    return (lr > 0) & (fall > 1e-6) & (held | (fall >= np.log10(th.jump) - LR_SLACK))
+
+
+def _stepped_per_batch(lr: np.ndarray, prev: np.ndarray, lo: int, th: Thresholds) -> Finding:
+    """A step schedule stepped every batch instead of every epoch: a chain of two drops
+    or more (`_drops`), each fewer than `window` steps after the one before, the last within
+    the last `window` steps, that has taken the learning rate `jump` times below where
+    the chain began (within `LR_SLACK`), read over the last `per_batch_history` steps.
+    StepLR(step_size=5, gamma=0.1) stepped per batch divides the rate 10x every 5 steps,
+    StepLR(step_size=10, gamma=0.5) 16x in 40; a schedule stepped per epoch drops once an
+    epoch, and a smooth one never from a plateau. A warning while the chain goes on; the
+    whole model stopped learning, once the rate has reached about 0, is the error
+    (`_whole_model`)."""
+    dropped = _drops(lr, prev, th)
+    rows = np.flatnonzero(dropped)
+    codes = np.where(np.isnan(lr), HOLD, OK).astype(np.int8)
+    chains: dict[int, list[int]] = {}
+    horizon = PER_BATCH_HISTORY * th.window
+    floor = np.log10(th.jump) - LR_SLACK
+    near = np.zeros(len(lr) + th.window, bool)  # rows a drop precedes by under `window`
+    for d in rows:
+        near[d:d + th.window] = True
+    for r in np.flatnonzero(near[:len(lr)]):
+        recent = rows[(rows <= r) & (rows > r - horizon)]
+        if len(recent) < 2 or r - recent[-1] >= th.window or np.isnan(lr[r]):
+            continue
+        gaps = np.flatnonzero(np.diff(recent) >= th.window)
+        chain = recent[gaps[-1] + 1:] if len(gaps) else recent
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fell = np.log10(prev[chain[0]] / lr[r])
+        if len(chain) >= 2 and fell >= floor:
+            codes[r] = WARNING
+            chains[int(r)] = [int(c) for c in chain]
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         row = s - lo
-        falls = [r for r in range(max(row - th.window + 1, 0), row + 1) if fell[r]]
-        path = ", ".join(f"{fmt(prev[r])} -> {fmt(lr[r])} at step {r + lo}" for r in falls)
-        return (f"the learning rate fell {th.jump:g}x {len(falls)} times within {th.window} "
-                f"steps ({path}): a step schedule (StepLR, MultiStepLR) stepped every batch "
-                f"instead of every epoch? Call scheduler.step() once per epoch")
+        chain = chains.get(row, [row])
+        steps = [f"{fmt(prev[r])} -> {fmt(lr[r])} at step {r + lo}" for r in chain]
+        path = ", ".join(steps if len(steps) <= 4 else [*steps[:2], "...", steps[-1]])
+        return (f"the learning rate fell {fmt(prev[chain[0]] / lr[row])}x in {len(chain)} "
+                f"drops within {chain[-1] - chain[0] + 1} steps ({path}): a step schedule "
+                f"(StepLR, MultiStepLR) stepped every batch instead of every epoch? Call "
+                f"scheduler.step() once per epoch")
 
-    return Finding("lr_change", "per_batch", codes.astype(np.int8)[:, None], lr[:, None],
+    return Finding("lr_change", "per_batch", codes[:, None], lr[:, None],
                    previous=prev[:, None], per_layer=False, message=message)

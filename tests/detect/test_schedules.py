@@ -36,3 +36,27 @@ def test_falls_an_epoch_apart_and_a_smooth_decay_are_not_per_batch():
         cols, scalars = _trace_cols(lr)
         assert not of(detect(build(LAYERS, cols, scalars))[1], "lr_change",
                       signal="per_batch")
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_halvings_ten_steps_apart_warn_once_they_add_up_to_10x(chunk):
+    """StepLR(step_size=10, gamma=0.5) stepped per batch: no single fall is 10x, the
+    chain of four is 16x by step 40."""
+    lr = 0.02 * 0.5 ** (np.arange(N) // 10)
+    cols, scalars = _trace_cols(lr)
+    _, events = detect(build(LAYERS, cols, scalars))
+    (warned,) = of(events, "lr_change", signal="per_batch")
+    assert (warned.step, warned.severity) == (40, "warning")
+    assert "fell 16x in 4 drops" in warned.message
+    assert "0.02 -> 0.01 at step 10" in warned.message
+    _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+def test_halvings_an_epoch_apart_and_a_cosine_decay_are_not_per_batch():
+    steps = np.arange(N)
+    cosine = 0.05 * (1 + np.cos(np.pi * np.minimum(steps, N - 1) / N)) / 2 + 1e-6
+    for lr in (0.02 * 0.5 ** (steps // 30), cosine):
+        cols, scalars = _trace_cols(lr)
+        assert not of(detect(build(LAYERS, cols, scalars))[1], "lr_change",
+                      signal="per_batch")

@@ -281,12 +281,13 @@ def test_an_unused_pooler_and_frozen_layers_are_not_cut_off():
     assert_no_errors(run)
 
 
-def _scheduled(step_size: int, per_batch: bool, steps: int = 90, zero_lr_layer: bool = False):
+def _scheduled(step_size: int, per_batch: bool, steps: int = 90, zero_lr_layer: bool = False,
+               gamma: float = 0.1):
     model = _backbone_and_head()
     groups = [{"params": model[0].parameters(), "lr": 0.0 if zero_lr_layer else 0.05},
               {"params": list(model[2].parameters()) + list(model[4].parameters())}]
     opt = torch.optim.SGD(groups, lr=0.05, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=step_size, gamma=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=step_size, gamma=gamma)
     x, y = task_batches()
     with ndbg.watch(model, report=False) as run:
         for step in range(steps):
@@ -312,6 +313,22 @@ def test_a_step_schedule_stepped_per_batch_stops_the_whole_model_an_error_from_w
     assert not [e for e in run.events if e.severity == "error" and e.step < first.step]
     assert "whole model stopped learning" in first.message
     assert "learning rate is" in first.message and "per batch" in first.message
+
+
+def test_halvings_stepped_per_batch_are_named_when_they_add_up_and_beside_the_failure():
+    """StepLR(step_size=10, gamma=0.5) stepped every batch: no drop is 10x, four drops
+    are 16x by step 40, a warning with the rate's path; the failure the small rate leaves
+    later names it as its likely cause. Per epoch (every 30 steps) it is quiet."""
+    run = _scheduled(10, per_batch=True, steps=240, gamma=0.5)
+    (warned,) = [e for e in run.events if e.signal == "per_batch"]
+    assert (warned.step, warned.severity) == (40, "warning"), warned
+    assert "fell 16x in 4 drops" in warned.message
+    first = run.first_failure
+    assert first is not None and first.step > warned.step, first
+    assert [c.kind for c in run.likely_causes] == ["per_batch"], run.likely_causes
+    quiet = _scheduled(1, per_batch=False, steps=240, gamma=0.5)
+    assert not [e for e in quiet.events if e.signal == "per_batch"]
+    assert_no_errors(quiet)
 
 
 def test_the_same_schedule_per_epoch_and_one_layer_at_lr_0_are_not_the_whole_model():
