@@ -87,14 +87,18 @@ class Models:
         for name, m in iter_layers(root, prefix):
             if id(m) in self.candidates:
                 continue
-            c = self.candidates[id(m)] = Candidate(name, m, role_of(m), bounds_of(m),
-                                                   is_nonnegative(m), type(m) is nn.ReLU)
-            new.append(c)
+            new.append(self._candidate(name, m))
             for pname, p in own_named_params(m):
                 if id(p) not in seen:
                     seen.add(id(p))
                     self.owners.append((f"{name}.{pname}", p, id(m)))
         return new
+
+    def _candidate(self, name: str, m: nn.Module) -> Candidate:
+        """A layer first seen, registered under `name`."""
+        c = self.candidates[id(m)] = Candidate(name, m, role_of(m), bounds_of(m),
+                                               is_nonnegative(m), type(m) is nn.ReLU)
+        return c
 
     def discover(self, module: nn.Module) -> list[Candidate]:
         """A model found as it is first called (no model given): the first one's layers
@@ -144,10 +148,7 @@ class Models:
                     continue
                 walked.add(id(m))
                 if id(m) not in self.candidates:
-                    c = self.candidates[id(m)] = Candidate(
-                        name, m, role_of(m), bounds_of(m), is_nonnegative(m),
-                        type(m) is nn.ReLU)
-                    new.append(c)
+                    new.append(self._candidate(name, m))
                 for pname, p in own_named_params(m):
                     if id(p) not in seen:
                         seen.add(id(p))
