@@ -48,10 +48,11 @@ SCALE = 2.0 ** 20
 """Fixed-point scale of log10 values in the window sums (a millionth of a decade)."""
 
 
-def trailing_stats(logs: np.ndarray, window: int, warmup: int
+def trailing_stats(logs: np.ndarray, window: int, warmup: int | np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Mean and standard deviation of the finite entries in the `window` rows before each
-    row (NaN where fewer than `warmup` are there). Causal: row t never sees row t or later,
+    row (NaN where fewer than `warmup` are there; a (rows, 1) array: as many as it says
+    for each row). Causal: row t never sees row t or later,
     so a step's baseline is the same whether the trace ends there or goes on.
 
     The window sums are differences of running sums in fixed-point integers: exact (the
@@ -94,7 +95,7 @@ def _in_window(running: np.ndarray, window: int) -> np.ndarray:
     return out
 
 
-def shift_beyond(logs: np.ndarray, window: int, warmup: int, noise: float
+def shift_beyond(logs: np.ndarray, window: int, warmup: int | np.ndarray, noise: float
                  ) -> tuple[np.ndarray, np.ndarray]:
     """(|shift| against the recent mean, the recent mean) with the shift measured in
     decades beyond what the series' own noise explains: a jump must exceed `noise`
@@ -128,9 +129,10 @@ class Jumps:
         return self.judged.nbytes + self.at.nbytes + self.shift.nbytes + self.level.nbytes
 
 
-def find_jumps(values: np.ndarray, window: int, warmup: int, noise: float,
+def find_jumps(values: np.ndarray, window: int, warmup: int | np.ndarray, noise: float,
                everywhere: bool = False) -> Jumps:
-    """The `Jumps` of each column of `values` against its trailing baseline.
+    """The `Jumps` of each column of `values` against its trailing baseline (`warmup`: as
+    in `trailing_stats`).
 
     A long series is taken in blocks of rows (each with the `window` rows before it),
     small enough to stay in the CPU cache: the same numbers as in one piece, since a row's
@@ -143,7 +145,8 @@ def find_jumps(values: np.ndarray, window: int, warmup: int, noise: float,
     parts = []
     for r0 in range(0, n, rows):
         lo = max(r0 - window, 0)
-        shift, mean = shift_beyond(log_level(values[lo:r0 + rows]), window, warmup, noise)
+        need = warmup[lo:r0 + rows] if isinstance(warmup, np.ndarray) else warmup
+        shift, mean = shift_beyond(log_level(values[lo:r0 + rows]), window, need, noise)
         parts.append(_jumps(shift[r0 - lo:], mean[r0 - lo:], everywhere))
     return Jumps(np.concatenate([p.judged for p in parts]),
                  np.concatenate([p.at + i * rows * cols for i, p in enumerate(parts)]),

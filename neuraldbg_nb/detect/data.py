@@ -11,7 +11,7 @@ import numpy as np
 from ..trace.columns import Trace
 from . import raw_inputs
 from .baseline import lagged, log_level, shift_beyond, within
-from .regime import describe, shift_codes
+from .regime import describe, measured_shift, shift_codes
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt
 from .thresholds import Thresholds
 
@@ -59,7 +59,8 @@ def _repeat_message(n: str, s: int, v: float, p: float, sev: str) -> str:
 def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     """Rows where the model felt its input's jump: at that step a layer's output
     (abs-max), its loss or a layer's gradient norm moved by `jump` or more against its
-    own recent level (beyond its noise), or none of them was measured. Any layer's output,
+    own recent level (beyond its noise; an output against its last measured steps), or
+    none of them was measured. Any layer's output,
     not only the first in forward order's: a GAN's first layer is its generator's, and
     the real batch goes to the discriminator; a layer that only carried the input's jump
     has no regime shift of its own (`regime.follows_input`), and the input's event is
@@ -75,8 +76,9 @@ def _felt(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     loss = trace.scalar("loss", lo, stop)[:, None]
     grad = trace.col("grad_norm", lo, stop)
     felt = np.isnan(act).all(1) & np.isnan(loss[:, 0]) & np.isnan(grad).all(1)
-    for values in (act, loss, grad):
-        shift, _ = shift_beyond(log_level(values), th.window, th.warmup, th.noise)
+    shifts = [measured_shift(trace, lo, stop, th)]  # (its last measured steps: `regime`)
+    shifts += [shift_beyond(log_level(v), th.window, th.warmup, th.noise)[0] for v in (loss, grad)]
+    for shift in shifts:
         with np.errstate(invalid="ignore"):
             felt |= (shift >= np.log10(th.jump)).any(1)
     return felt

@@ -41,7 +41,8 @@ def _trend(th: Thresholds) -> int:
 DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (data.findings, _trend),
     (activations.findings, _recent),
-    (regime.findings, _recent),
+    (regime.activation_findings, _recent),
+    (regime.gradient_findings, _recent),
     (updates.findings, _recent),
     (updates.lr_findings, updates.per_batch_history),
     (updates.stall_findings, _recent),
@@ -55,6 +56,9 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (amp.findings, _recent),
 )
 """Each detector with the steps of history before a chunk that it reads."""
+
+_CACHED = (regime.activation_findings, regime.gradient_findings)
+"""The detectors that keep their trailing baselines in `Detection.baselines`."""
 
 
 def history_rows(th: Thresholds) -> int:
@@ -90,8 +94,8 @@ class Detection:
         names = [(info.name, info.label) for info in trace.layers]
         for detector, need in DETECTORS:
             lo = max(trace.full_from, start - need(th))
-            if detector is regime.findings:  # keeps its trailing baselines in the cache
-                found = regime.findings(trace, lo, stop, th, self.baselines)
+            if detector in _CACHED:  # keeps its trailing baselines in the cache
+                found = detector(trace, lo, stop, th, self.baselines)
             else:
                 found = detector(trace, lo, stop, th)
             for f in found:
@@ -125,7 +129,8 @@ def keep_baselines(trace: Trace, thresholds: Thresholds, baselines: BaselineCach
     """Compute into `baselines` what every re-classification of the trace's exact tail
     shares under the baseline settings of `thresholds` (`window`, `warmup`, `noise`), so
     that the first one is as fast as the next."""
-    regime.findings(trace, trace.full_from, trace.n_steps, thresholds, baselines)
+    for detector in _CACHED:
+        detector(trace, trace.full_from, trace.n_steps, thresholds, baselines)
 
 
 def detect(trace: Trace, thresholds: Thresholds | None = None

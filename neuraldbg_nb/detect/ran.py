@@ -16,7 +16,7 @@ from ..trace.columns import Trace
 
 LOOKBACK = 64
 """Steps before a scanned range read to find its last hooked step (hooked steps are a few
-apart: `record.sampler.HOOK_EVERY`)."""
+apart: `trace.HOOK_GAP` at most)."""
 
 
 def hooked(trace: Trace, lo: int, stop: int) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Regime shifts: a layer's activations or gradients jump against their own recent history.
 
-Measured in log space against the trailing mean of the last `window` steps, so a layer is
-judged by its own scale: a 240x jump of a layer that always sat at 1e-3 is found as
+Measured in log space against the trailing mean of the last `window` steps (for
+activations, of those of them whose layers were measured: `MEASURED_WARMUP`), so a layer
+is judged by its own scale: a 240x jump of a layer that always sat at 1e-3 is found as
 surely as one of a layer at 10. A jump must also stand out of the layer's own recent
 noise (`noise` standard deviations), so a layer whose per-batch gradient always swings
 by a decade is not flagged for doing so. See `shift_codes` for the severities.
@@ -15,10 +16,12 @@ trained one sample at a time).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..trace.columns import Trace
-from .baseline import BaselineCache, Jumps, find_jumps, log_level, trailing_stats
+from .baseline import BaselineCache, Jumps, find_jumps, log_level, shift_beyond, trailing_stats
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, Message, fmt
 from .thresholds import Thresholds
 
@@ -184,26 +187,77 @@ def follows_input(trace: Trace, lo: int, stop: int, act: np.ndarray, base: np.nd
                 & (np.abs(layer) <= np.abs(moved) + np.log10(FOLLOWS)))
 
 
-def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
-             baselines: BaselineCache | None = None) -> list[Finding]:
-    """`baselines`: where to keep the threshold-free part (`Jumps`) for the next call on
-    the same trace and steps (a re-classification); the result is the same without."""
+MEASURED_WARMUP = 2
+"""Measured values in a layer's `window` that its activations are judged against, where
+the layer hooks skipped steps of it (no layer's output measured; they are never more than
+`trace.HOOK_GAP` apart, so a window of 20 steps holds two measured steps) and `warmup`
+asks for more: two levels of the layer's own within the window are enough for a jump of
+`jump` (10x) to stand out. A level counted over more measured steps would reach far back,
+and a layer whose output grows steadily (8% a step while a model fits) would read as a
+jump. A window measured throughout asks for `warmup`."""
+
+
+def _measured_warmup(act: np.ndarray, th: Thresholds) -> np.ndarray:
+    """(steps, 1) the values each step's activation baseline needs (`MEASURED_WARMUP`):
+    fewer where a step of its window has no layer's output measured."""
+    skipped = np.zeros(len(act) + 1, np.int64)  # unmeasured steps before each step
+    np.cumsum(np.isnan(act).all(axis=1), out=skipped[1:])
+    rows = np.arange(len(act))
+    inside = skipped[rows] - skipped[np.maximum(rows - th.window, 0)]
+    need = np.where(inside > 0, min(th.warmup, MEASURED_WARMUP), th.warmup)
+    return need[:, None]
+
+
+def measured_shift(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
+    """(steps, layers) each layer's activation shift beyond its noise (`shift_beyond`, in
+    decades) against its measured steps in the `window` before; NaN where not judged."""
+    act = trace.col("act_absmax", lo, stop)
+    return shift_beyond(log_level(act), th.window, _measured_warmup(act, th), th.noise)[0]
+
+
+def activation_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
+                        baselines: BaselineCache | None = None) -> list[Finding]:
+    """Activation regime shifts, each layer judged against its own measured steps in the
+    `window` before (`MEASURED_WARMUP`). `baselines`: as in `gradient_findings`."""
     act = trace.col("act_absmax", lo, stop)  # float32: the sums are taken in float64
-    grad = trace.col("grad_norm", lo, stop)
+    settings = window, _, noise, everywhere = baseline_settings(th)
+    need = _measured_warmup(act, th)
 
-    def jumps(name: str, values: np.ndarray) -> Jumps | None:
-        settings = baseline_settings(th)
-        if baselines is None or settings[-1]:  # a jump of 1x or less lists every cell: not kept
-            return None
-        return baselines.get(trace, (name, lo, stop, *settings),
-                             lambda: find_jumps(values, *settings))
+    def compute() -> Jumps:
+        return find_jumps(act, window, need, noise, everywhere)
 
-    act_codes, act_base = shift_codes(act, th, True, jumps("act_absmax", act))
-    act_codes[(act_codes >= WARNING) & follows_input(trace, lo, stop, act, act_base, th)] = OK
+    jumps = _cached(baselines, trace, "act_absmax", lo, stop, settings, compute) or compute()
+    codes, base = shift_codes(act, th, True, jumps)
+    codes[(codes >= WARNING) & follows_input(trace, lo, stop, act, base, th)] = OK
     zero, was = zeroed(trace, act, th.window)
-    act_codes[zero] = ERROR
-    act_base[zero] = was[zero]
-    grad_codes, grad_base = shift_codes(grad, th, False, jumps("grad_norm", grad))
+    codes[zero] = ERROR
+    base[zero] = was[zero]
+    codes[:, few(trace, "outputs")] = HOLD
+    return [Finding("regime_shift", "activation", codes, act, previous=base,
+                    message=describe("activations (abs-max)"))]
+
+
+def _cached(baselines: BaselineCache | None, trace: Trace, name: str, lo: int, stop: int,
+            settings: tuple[int, int, float, bool], compute: Callable[[], Jumps]
+            ) -> Jumps | None:
+    """The `Jumps` of column `name` (steps `lo` to `stop`, under `settings`), kept in
+    `baselines` for the next re-classification; None where not kept."""
+    if baselines is None or settings[-1]:  # a jump of 1x or less lists every cell: not kept
+        return None
+    return baselines.get(trace, (name, lo, stop, *settings), compute)
+
+
+def gradient_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
+                      baselines: BaselineCache | None = None) -> list[Finding]:
+    """Gradient regime shifts, against the `window` steps before (gradients are read at
+    every step). `baselines`: where to keep the threshold-free part (`Jumps`) for the next
+    call on the same trace and steps (a re-classification); the result is the same
+    without."""
+    grad = trace.col("grad_norm", lo, stop)
+    settings = baseline_settings(th)
+    jumps = _cached(baselines, trace, "grad_norm", lo, stop, settings,
+                    lambda: find_jumps(grad, *settings))
+    grad_codes, grad_base = shift_codes(grad, th, False, jumps)
     held_jumps(grad, grad_codes, grad_base, th, GRADIENT_PATIENCE - 1)
     grad_codes[_revived(grad, grad_base, th)] = OK
     grad_codes[:, few(trace, "params")] = HOLD
@@ -212,11 +266,6 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds,
         codes = grad_codes[rows]
         codes[grad[rows] < grad_base[rows]] = OK
         grad_codes[rows] = codes
-    act_codes[:, few(trace, "outputs")] = HOLD
-    return [
-        Finding("regime_shift", "activation", act_codes, act, previous=act_base,
-                message=describe("activations (abs-max)")),
-        Finding("regime_shift", "gradient", grad_codes, grad, previous=grad_base,
-                message=describe("gradient norm"), patience=GRADIENT_PATIENCE,
-                hold_counts=False),
-    ]
+    return [Finding("regime_shift", "gradient", grad_codes, grad, previous=grad_base,
+                    message=describe("gradient norm"), patience=GRADIENT_PATIENCE,
+                    hold_counts=False)]

@@ -61,7 +61,7 @@ class WatchOptions:
     forward hook does any work."""
     layer_hooks: LayerHooks = "sampled"
     """When each layer's forward hook runs. "sampled": only for the forwards of sampled
-    steps, reference steps and every few steps between (each layer's recent level), and for
+    steps and reference steps (at most `trace.HOOK_GAP` apart: each layer's recent level), and for
     the replay of a step whose every-step numbers (loss, gradient and weight norms, input,
     learning rate) went wrong, so the first failure is still found at its own step and
     layer while a healthy step pays nothing per layer; activation columns are NaN (not

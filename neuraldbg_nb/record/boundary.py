@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..trace.columns import Trace
+from ..trace.columns import HOOK_GAP, Trace
 from . import reductions, step_row
 from .backward import Backwards
 from .discovery import Candidate, Models
@@ -27,7 +27,7 @@ from .forward import Forward, Held
 from .inputs import Inputs
 from .optimizer import learning_rate, missing_gradients
 from .replay import RECENT, Replay, anomalous, edited, grad_total, lr_moved
-from .sampler import HOOK_EVERY, is_reference_step
+from .sampler import is_reference_step
 from .step_owner import StepOwner
 from .timing import StepTimer, clock
 from .weights import WeightProbe
@@ -57,9 +57,10 @@ class Boundary:
                  set_hooks: Callable[[bool], None] | None = None,
                  hook_layers: Callable[[list[Candidate]], None] | None = None) -> None:
         """`set_hooks`: turns the layer hooks on or off for the next forward, where they
-        are on only for sampled and reference steps, every `HOOK_EVERY`-th step (their
-        abs-max alone: each layer's recent level is known where a jump is judged) and the
-        step after a learning rate's move (`replay.lr_moved`); None: on every step.
+        are on only for sampled and reference steps, the step after a learning rate's move
+        (`replay.lr_moved`), and a step `HOOK_GAP` after the last hooked one where the
+        sampling leaves a longer gap (their abs-max alone: each layer's recent level,
+        counted in measured steps, is known where a jump is judged); None: on every step.
         `replay`: the step's calls, replayed with the hooks on where the step was not
         hooked and its every-step numbers say it went wrong (`replay.anomalous`).
         `hook_layers`: hooks layers the loop put into a model inside the watch
@@ -79,6 +80,7 @@ class Boundary:
         self._hook_layers = hook_layers
         self._rescans = Rescans()
         self._hook_next = False  # the next forward is hooked (a learning rate moved)
+        self._last_hooked = 0  # the last step whose layers were measured (hooked, replayed)
         self.hooked = True
         """The layer hooks are on for the step in progress."""
         self.sampled = True
@@ -96,7 +98,10 @@ class Boundary:
         if self._replay is not None:
             self._replay.new_step()
         if self._set_hooks is not None:
-            self.hooked = hold_all or self._hook_next or self._trace.n_steps % HOOK_EVERY == 0
+            step = self._trace.n_steps
+            self.hooked = hold_all or self._hook_next or step - self._last_hooked >= HOOK_GAP
+            if self.hooked:
+                self._last_hooked = step
             self._hook_next = False
             self._set_hooks(self.hooked)
 
@@ -107,6 +112,7 @@ class Boundary:
         runs."""
         if self._set_hooks is not None and not self.hooked:
             self.hooked = True
+            self._last_hooked = self._trace.n_steps
             self._set_hooks(True)
 
     @property
@@ -202,6 +208,7 @@ class Boundary:
                 if replayed is not None:
                     row.update(replayed)
                     scalars["hooked"] = 1.0
+                    self._last_hooked = step
         trace.append(row, scalars)
 
         held = self._forward.held

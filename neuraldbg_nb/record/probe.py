@@ -57,8 +57,8 @@ class Probe:
         `on_error`: told of an error in a hook (the exception, the hook's name) before
         the probe stops; it may raise it again (see `guard.guarded`). `layer_hooks`:
         "every" hooks every layer call of every step; "sampled" hooks the layers only for
-        the forwards of sampled and reference steps and of every `sampler.HOOK_EVERY`-th
-        step, and replays the forward of a step whose cheap signals went wrong (`replay`)
+        the forwards of sampled and reference steps (and of a step `trace.HOOK_GAP` after
+        the last hooked one, where those are further apart), and replays the forward of a step whose cheap signals went wrong (`replay`)
         with them on."""
         if layer_hooks not in ("every", "sampled"):
             raise ValueError(f"layer_hooks must be 'every' or 'sampled', got {layer_hooks!r}")

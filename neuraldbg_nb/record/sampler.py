@@ -1,14 +1,8 @@
 """Which steps get the full activation statistics (`Sampler`), and which are reference
-steps (`is_reference_step`)."""
+steps (`is_reference_step`). Both have their layer hooks on; between them the hooks are off
+except at most `trace.HOOK_GAP` steps after the last hooked one (`record.boundary`)."""
 
 from __future__ import annotations
-
-HOOK_EVERY = 4
-"""Under `layer_hooks="sampled"` the layer hooks are also on for every `HOOK_EVERY`-th step
-(their abs-max alone, the cheap path): each layer's recent level then has the `warmup` (5)
-values within the `window` (20) steps that a regime shift is measured against, and a
-replayed step's jump is judged against it. A constant, not read from the thresholds: what
-is recorded never depends on them, so a run re-judged under others reads the same numbers."""
 
 
 def is_reference_step(step: int) -> bool:

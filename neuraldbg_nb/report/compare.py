@@ -129,6 +129,26 @@ def _log(v: np.ndarray) -> np.ndarray:
     return out
 
 
+def _one_sided(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`va` and `vb` where a step was measured in one run only (activations, measured at
+    some steps: a fault's step is replayed in the broken run alone), the other run's last
+    measured value of that column standing for its own at that step: the level the layer
+    held there, without which the fault's own step would be no evidence."""
+    one = np.isnan(va) != np.isnan(vb)
+    if not one.any():
+        return va, vb
+    return np.where(one, _carried(va), va), np.where(one, _carried(vb), vb)
+
+
+def _carried(v: np.ndarray) -> np.ndarray:
+    """Each column's last measured (not NaN) value at every step, NaN before the first."""
+    rows = np.where(np.isnan(v), -1, np.arange(len(v))[:, None])
+    np.maximum.accumulate(rows, axis=0, out=rows)
+    out = np.take_along_axis(v, np.maximum(rows, 0), axis=0)
+    out[rows < 0] = np.nan
+    return out
+
+
 def _noise(x: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """Robust scale of the changes of each column of `x` from one measured value to the
     next, over the steps both runs measured (`measured`; a column measured on some steps
@@ -144,12 +164,16 @@ def _noise(x: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return out
 
 
-def _parted(xa: np.ndarray, xb: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+def _parted(xa: np.ndarray, xb: np.ndarray, floor: float,
+            both: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(steps x columns) whether the series part there and keep parted, and the threshold
-    of each column."""
+    of each column. `both`: where both runs measured the values themselves (the noise is
+    read there), where `xa` and `xb` carry one run's value over a step it did not measure
+    (`_one_sided`); None: wherever neither is NaN."""
     nan = np.isnan(xa) | np.isnan(xb)  # not measured in one of them: no evidence
-    threshold = np.maximum(NOISE_FACTOR * np.maximum(_noise(xa, ~nan), _noise(xb, ~nan)),
-                           floor)
+    measured = ~nan if both is None else both
+    threshold = np.maximum(NOISE_FACTOR * np.maximum(_noise(xa, measured),
+                                                     _noise(xb, measured)), floor)
     both_inf = np.isinf(xa) & np.isinf(xb) & (np.sign(xa) == np.sign(xb))
     with np.errstate(invalid="ignore"):
         diff = np.where(both_inf, 0.0, np.abs(xa - xb))
@@ -193,10 +217,10 @@ def compare(a: Run | str | Path, b: Run | str | Path) -> Comparison:
 
     def first_parting(quantity: str, xa: np.ndarray, xb: np.ndarray, raw_a: np.ndarray,
                       raw_b: np.ndarray, floor: float, layers: list[str | None],
-                      forward: bool) -> None:
+                      forward: bool, both: np.ndarray | None = None) -> None:
         if xa.size == 0:
             return
-        held, threshold = _parted(xa, xb, floor)
+        held, threshold = _parted(xa, xb, floor, both)
         rows = np.flatnonzero(held.any(axis=1))
         if not len(rows):
             return
@@ -210,7 +234,9 @@ def compare(a: Run | str | Path, b: Run | str | Path) -> Comparison:
     for q, forward in QUANTITIES:
         va = ta.history(q)[1][ra][:, ia].astype(float)
         vb = tb.history(q)[1][rb][:, ib].astype(float)
-        first_parting(q, _log(va), _log(vb), va, vb, MIN_DECADES, layer_names, forward)
+        both = ~(np.isnan(va) | np.isnan(vb))
+        va, vb = _one_sided(va, vb)
+        first_parting(q, _log(va), _log(vb), va, vb, MIN_DECADES, layer_names, forward, both)
     la = ta.history("loss")[1][ra].astype(float)[:, None]
     lb = tb.history("loss")[1][rb].astype(float)[:, None]
     finite = np.concatenate([la[np.isfinite(la)], lb[np.isfinite(lb)]])

@@ -24,6 +24,13 @@ WEIGHT_PROBE = 4096
 """Elements of each weight tensor that `param_norm` and `update_ratio` are read from (the
 first ones): the whole of a smaller tensor."""
 
+HOOK_GAP = 10
+"""The steps whose layer hooks are on (`hooked`) are at most this many apart: a recording
+promise that the activation baselines count on (`detect.regime.MEASURED_WARMUP`: a window
+of 20 steps holds two measured steps). Sampled steps (every `sample_every`, 10 by default)
+and reference steps are hooked; the recorder hooks a step of its own only where they are
+further apart."""
+
 LAYER_COLUMNS: tuple[str, ...] = (
     "grad_norm",      # norm of the layer's own parameter gradients (weight and bias together)
     "param_norm",     # norm of the layer's weights after this step's update (of the first

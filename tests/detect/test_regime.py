@@ -37,6 +37,50 @@ def test_slow_drift_is_not_a_regime_shift():
     assert of(detect(trace)[1], "regime_shift") == []
 
 
+def _sparse(values: np.ndarray, every: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """`values` measured at every `every`-th step only, as the sampled layer hooks leave
+    them (NaN between), and the `hooked` column that says so."""
+    on = np.arange(len(values)) % every == 0
+    out = values.copy()
+    out[~on] = np.nan
+    return out, on.astype(np.float32)
+
+
+def test_a_jump_at_a_measured_step_is_found_where_the_hooks_skip_steps():
+    """Hooked every 10th step (sampled), a window of 20 steps holds two measured values:
+    a 1000x jump at a measured step (a replayed one) is judged against them."""
+    a, on = _sparse(noisy(1.0, n=120))
+    a[75] = 1000.0  # a step between the sampled ones, measured by its replay
+    on[75] = 1
+    trace = build([("x", "other")], {"act_absmax": a}, {"hooked": on}, n=120)
+    found = of(detect(trace)[1], "regime_shift", "x", "activation")
+    assert [(e.step, e.severity) for e in found] == [(75, "error")]
+    assert found[0].previous == pytest.approx(1.0, rel=0.2)
+
+
+def test_steady_growth_between_sparse_measurements_is_not_a_jump():
+    """An output growing 8% a step (a model fitting fast) moves 2.2x between two sampled
+    steps and 10x in 30 steps: judged against the measured steps of its own window, not
+    against older ones, it is no regime shift."""
+    a, on = _sparse((1.08 ** np.arange(120))[:, None] * noisy(1.0, n=120, seed=3))
+    trace = build([("x", "other")], {"act_absmax": a}, {"hooked": on}, n=120)
+    assert of(detect(trace)[1], "regime_shift") == []
+
+
+def test_sparse_activation_baselines_are_the_same_scanned_live():
+    a, on = _sparse(noisy(1.0, n=N, seed=2), every=4)
+    a[44] = 500.0
+    layers = [("x", "other")]
+    cols = {"act_absmax": a, "grad_norm": noisy(1.0, n=N), "param_norm": noisy(1.0, n=N),
+            "update_ratio": noisy(1e-3, n=N)}
+    scalars = {"loss": noisy(1.0, n=N)[:, 0], "hooked": on}
+    whole = [(e.step, e.kind) for e in detect(build(layers, cols, scalars))[1]]
+    assert (44, "regime_shift") in whole
+    for chunk in (1, 7):
+        streamed = live_scan(layers, cols, scalars, chunk)[2]
+        assert sorted((e.step, e.kind) for e in streamed) == sorted(whole)
+
+
 def test_regime_shift_needs_warmup_history():
     a = noisy(1.0)
     a[3, 0] = 1e4                   # before `warmup` steps of history: not judged
