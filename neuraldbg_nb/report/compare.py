@@ -43,6 +43,10 @@ QUANTITIES = (("act_absmax", True), ("grad_norm", False), ("param_norm", True))
 the update: `param_norm` is the weights' norm after the step's update), each with whether
 its difference starts at the first layer of the forward order that parts (True) or at the
 last (False: the backward runs from the output back)."""
+SOME_STEPS = frozenset({"act_absmax"})
+"""The quantities measured at some steps only (the steps whose layer hooks were on), where
+a step one run measured and the other did not is compared with the other's last measured
+value (`_one_sided`); elsewhere NaN is no evidence."""
 LOSS_DECADES = 1.0
 """The loss parts two runs beyond a factor of 10 only: a small loss late in training differs
 between seeds by more than the layers' numbers do."""
@@ -235,7 +239,8 @@ def compare(a: Run | str | Path, b: Run | str | Path) -> Comparison:
         va = ta.history(q)[1][ra][:, ia].astype(float)
         vb = tb.history(q)[1][rb][:, ib].astype(float)
         both = ~(np.isnan(va) | np.isnan(vb))
-        va, vb = _one_sided(va, vb)
+        if q in SOME_STEPS:
+            va, vb = _one_sided(va, vb)
         first_parting(q, _log(va), _log(vb), va, vb, MIN_DECADES, layer_names, forward, both)
     la = ta.history("loss")[1][ra].astype(float)[:, None]
     lb = tb.history("loss")[1][rb].astype(float)[:, None]
