@@ -194,25 +194,28 @@ the layer hooks skipped steps of it (no layer's output measured; they are never 
 asks for more: two levels of the layer's own within the window are enough for a jump of
 `jump` (10x) to stand out. A level counted over more measured steps would reach far back,
 and a layer whose output grows steadily (8% a step while a model fits) would read as a
-jump. A window measured throughout asks for `warmup`."""
+jump. A window measured throughout asks for `warmup`. Where the window skipped steps,
+the level is also read from the last measured step (`baseline.shift_beyond`, `sparse`)."""
 
 
-def _measured_warmup(act: np.ndarray, th: Thresholds) -> np.ndarray:
-    """(steps, 1) the values each step's activation baseline needs (`MEASURED_WARMUP`):
-    fewer where a step of its window has no layer's output measured."""
+def _measured_warmup(act: np.ndarray, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
+    """(need, sparse), each (steps, 1): the values each step's activation baseline needs
+    (`MEASURED_WARMUP`: fewer where a step of its window has no layer's output measured),
+    and where that is so."""
     skipped = np.zeros(len(act) + 1, np.int64)  # unmeasured steps before each step
     np.cumsum(np.isnan(act).all(axis=1), out=skipped[1:])
     rows = np.arange(len(act))
     inside = skipped[rows] - skipped[np.maximum(rows - th.window, 0)]
-    need = np.where(inside > 0, min(th.warmup, MEASURED_WARMUP), th.warmup)
-    return need[:, None]
+    sparse = (inside > 0)[:, None]
+    return np.where(sparse, min(th.warmup, MEASURED_WARMUP), th.warmup), sparse
 
 
 def measured_shift(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     """(steps, layers) each layer's activation shift beyond its noise (`shift_beyond`, in
     decades) against its measured steps in the `window` before; NaN where not judged."""
     act = trace.col("act_absmax", lo, stop)
-    return shift_beyond(log_level(act), th.window, _measured_warmup(act, th), th.noise)[0]
+    need, sparse = _measured_warmup(act, th)
+    return shift_beyond(log_level(act), th.window, need, th.noise, sparse)[0]
 
 
 def activation_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
@@ -221,10 +224,10 @@ def activation_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
     `window` before (`MEASURED_WARMUP`). `baselines`: as in `gradient_findings`."""
     act = trace.col("act_absmax", lo, stop)  # float32: the sums are taken in float64
     settings = window, _, noise, everywhere = baseline_settings(th)
-    need = _measured_warmup(act, th)
+    need, sparse = _measured_warmup(act, th)
 
     def compute() -> Jumps:
-        return find_jumps(act, window, need, noise, everywhere)
+        return find_jumps(act, window, need, noise, everywhere, sparse)
 
     jumps = _cached(baselines, trace, "act_absmax", lo, stop, settings, compute) or compute()
     codes, base = shift_codes(act, th, True, jumps)

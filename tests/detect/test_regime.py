@@ -67,6 +67,22 @@ def test_steady_growth_between_sparse_measurements_is_not_a_jump():
     assert of(detect(trace)[1], "regime_shift") == []
 
 
+def test_fast_growth_sampled_every_tenth_step_reads_as_it_does_densely():
+    """Logits level at 0.16, then growing 23% a step from step 16 as a classifier learns
+    (0.37 at step 20, 2.9 at step 30), measured at the sampled and reference steps: at
+    step 30 they stand 14x above the mean of the three measured steps of their window but
+    8x above the last one, as far as densely measured values stand from their window's
+    mean (half a window back), under the 10x jump. Quiet either way."""
+    steps = np.arange(60)
+    grown = (0.16 * 1.23 ** np.maximum(steps - 16, 0))[:, None]
+    reference = np.isin(steps, [0, 1, 2, 4, 8, 16, 32])
+    for hooked in (np.ones(60, bool), (steps % 10 == 0) | reference):
+        a = np.where(hooked[:, None], grown, np.nan)
+        trace = build([("x", "other")], {"act_absmax": a},
+                      {"hooked": hooked.astype(np.float32)}, n=60)
+        assert of(detect(trace)[1], "regime_shift") == [], hooked.sum()
+
+
 def test_sparse_activation_baselines_are_the_same_scanned_live():
     a, on = _sparse(noisy(1.0, n=N, seed=2), every=4)
     a[44] = 500.0

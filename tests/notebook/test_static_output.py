@@ -162,9 +162,9 @@ def test_show_opens_a_saved_runs_panel_with_clicks_and_sliders(tmp_path) -> None
         assert panel.map_values  # the tooltip numbers of a finished run
         panel.selected = {"layer": layer, "step": S}  # a click on the first failure
         assert "grad_norm" in panel.inspector_html
-        before = len(panel.run.events)
+        before = list(panel.run.events)
         panel.thresholds = {**panel.thresholds, "jump": panel.thresholds["jump"] * 100}
-        assert panel.run is not run and len(panel.run.events) != before  # re-classified
+        assert panel.run is not run and panel.run.events != before  # re-classified
     finally:
         panel.close()
     with pytest.raises(FileNotFoundError, match="no saved run"):
