@@ -20,6 +20,7 @@ from . import (
 )
 from .baseline import BaselineCache
 from .events import Event
+from .last_update import last_update_events
 from .regime import GRADIENT_PATIENCE
 from .rootcause import first_failure, symptoms
 from .scan import Carry, Finding, scan
@@ -45,7 +46,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (regime.gradient_findings, _recent),
     (updates.findings, _recent),
     (updates.lr_findings, updates.per_batch_history),
-    (updates.stall_findings, _recent),
+    (updates.stall_findings, gradients.history),  # (`gradients.converged`)
     (loss.findings, _trend),
     (loss_form.findings, _recent),
     (loss_form.chance_findings, loss_form.chance_history),
@@ -80,6 +81,7 @@ class Detection:
         self.baselines = baselines
         self.kept = list(kept or [])
         self._events: list[Event] = []
+        self._last: list[Event] = []  # the run's last update (`last_update`), once it ended
         self._sorted: list[Event] | None = None
         self._carries: dict[tuple[str, str], Carry] = {}
         self.steps_done = start
@@ -88,7 +90,7 @@ class Detection:
         """Scan the new steps; returns the events that appeared (in step order)."""
         start, stop = self.steps_done, trace.n_steps
         if stop <= start:
-            return []
+            return self._judge_last_update(trace)
         th = self.thresholds
         before = len(self._events)
         names = [(info.name, info.label) for info in trace.layers]
@@ -105,13 +107,24 @@ class Detection:
                 scan(f, carry, start, names, th.patience, self._events, start - lo)
         self.steps_done = stop
         self._sorted = None
-        return sorted(self._events[before:], key=_order)
+        return sorted(self._events[before:] + self._judge_last_update(trace), key=_order)
+
+    def _judge_last_update(self, trace: Trace) -> list[Event]:
+        """The events of the run's last update where the trace ended (`last_update`);
+        they go, and are judged as any update, once the trace goes on. Returns those new
+        since the last call."""
+        last = last_update_events(trace, self.thresholds, self._carries, self._events,
+                                  _recent(self.thresholds))
+        new = [e for e in last if e not in self._last]
+        if last != self._last:
+            self._last, self._sorted = last, None
+        return new
 
     @property
     def events(self) -> list[Event]:
         """All events so far, in step order (and forward order within a step)."""
         if self._sorted is None:
-            self._sorted = sorted(self.kept + self._events, key=_order)
+            self._sorted = sorted(self.kept + self._events + self._last, key=_order)
         return self._sorted
 
     @property

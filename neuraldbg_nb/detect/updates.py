@@ -14,6 +14,7 @@ import numpy as np
 
 from ..trace.columns import WEIGHT_PROBE, Trace
 from .baseline import lagged, within
+from .gradients import converged
 from .regime import few
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .thresholds import Thresholds
@@ -47,7 +48,18 @@ than the learning rate (the RMS of the step at most `lr`): the optimizer took th
 was told to, on weights small against it. Adam's first step moves every element by the
 learning rate; prompt tuning trains a prompt initialised from word embeddings (RMS 0.02)
 at a learning rate of 0.03, and its first update, 1.5x the prompt's size, would
-otherwise be an error and the run's first failure."""
+otherwise be an error and the run's first failure. So is such an update after which the
+loss fell `FIT_FALL` times or more: a layer small against its first gradients grows to
+its scale. A regression head (33 weights of norm 0.59) that must reach its targets'
+scale reads "changed by 1.06x during step 1" under SGD with momentum at 0.05 while the
+loss falls 8.2 -> 3.3; a learning rate too high, or gradients grown from the
+initialisation, leave the loss where it was or make it turn up, and their first such
+update stays an error."""
+
+FIT_FALL = 2.0
+"""The fall of the loss after an update at the run's start that shows the update fitted
+the model (`LR_SIZED`): more than a batch's noise, which moves a loss of 1.4 by a few
+percent."""
 
 
 def _lr_sized(trace: Trace, step_rms: np.ndarray, lr: np.ndarray) -> np.ndarray:
@@ -115,17 +127,27 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         step_rms = change * np.where(np.isnan(before), after / (1 + ratio), before) \
             / np.sqrt(size)[None, :]
     lr_sized = _lr_sized(trace, step_rms, lr_at)
-    mild = early & ~blown & (change < LR_SIZED * th.max_update) & lr_sized
+    loss = trace.scalar("loss", lo, stop)
+    with np.errstate(invalid="ignore"):
+        # (`LR_SIZED`: the loss halved after the update)
+        fitting = (FIT_FALL * loss < lagged(loss[:, None], 1)[:, 0])[:, None]
+    mild = early & ~blown & (change < LR_SIZED * th.max_update) & (lr_sized | fitting)
     codes = grade(judged, (blown | (change >= th.max_update), ERROR))
     codes[mild & (codes == ERROR)] = WARNING
     first = lo
     # the step's lr is the primary optimizer's: not said of layers another one trains
     other_lr = {i.label for i in trace.layers if not i.primary_lr}
+    labels = {i.label: j for j, i in enumerate(trace.layers)}
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         text = (f"{name}: weights changed by {v:.3g}x their size during step {s}"
                 if np.isfinite(v) else f"{name}: weights became non-finite during step {s}")
         row = s + 1 - first
+        if sev == "warning" and 0 <= row < n and name in labels \
+                and not lr_sized[row, labels[name]]:  # (`LR_SIZED`, the loss fell)
+            return (f"{text}, and the loss fell after it ({fmt(loss[row - 1])} -> "
+                    f"{fmt(loss[row])}): a layer small against its first gradients growing "
+                    f"to its scale; a learning rate too high if the loss turns up")
         if sev == "warning" and 0 <= row < n:  # (`LR_SIZED`)
             return (f"{text}: each moved by about the learning rate ({fmt(lr_at[row])}), "
                     f"more than the weights' own size; fine for a small initialisation "
@@ -258,7 +280,8 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     parameters, or before the layer was replaced), or a learning rate of 0. Nothing
     breaks, the loss still falls through the other layers.
 
-    Judged at sampled steps: their update size is exactly 0 only when not one weight of
+    Judged at sampled steps (not at an exact fit, where they have nothing left to learn:
+    `gradients.converged`): their update size is exactly 0 only when not one weight of
     the slice read moved (a tiny learning rate still moves them), and the update of the
     step before left the weights' norm the very same number. Two updates in a row, so
     that the first one of a warm-up from a learning rate of 0 is not one. Left out:
@@ -282,6 +305,11 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         pushed = np.isfinite(grad) & (grad > 0) & (grad != grad_before)
         # a half-precision layer is judged by how many of its weights stayed put (below)
         known = judged & pushed & ~np.isnan(ratio) & np.isnan(unmoved)
+    # at an exact fit (`gradients.converged`: the loss far below where it was, or 0) the
+    # gradients left are next to nothing, and an update of them rounds away in float32
+    # (SGD at 0.02 on a gradient of 1e-7): nothing is left to learn, not judged
+    known &= ~(lagged(converged(trace, lo, stop, th)[:, None].astype(np.float64), 1) > 0)
+    with np.errstate(invalid="ignore"):
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
         # the same two updates in a row, each by less than `NEGLIGIBLE`
         negligible = known & (ratio < NEGLIGIBLE) & np.isfinite(w1) & \

@@ -23,14 +23,23 @@ class ScanSchedule:
     costs about 3 ms however few its new steps (the detectors' fixed numpy work), so a
     small budget mostly means fewer, larger batches. While a view follows the run (a
     listener of the Run: the panel, a framework callback), which reads what detection
-    has found, scans come at least every `VIEW_LATENCY` seconds, so that what it shows
-    is that late at most; otherwise `MAX_LATENCY` bounds it."""
+    has found, scans come at the view's pace (`view_latency`: as often as it refreshes,
+    where scans then take at most `VIEW_BUDGET` of the time, and at least every
+    `VIEW_MAX_LATENCY` seconds), so that what it shows is that late at most; otherwise
+    `MAX_LATENCY` bounds it."""
 
     BUDGET = 0.001
     MAX_LATENCY = 2.0
     VIEW_LATENCY = 0.1
     """The panel's pace: it shows the run at most ten times a second
     (`notebook.panel.MAX_RATE`)."""
+    VIEW_BUDGET = 0.01
+    """The share of the wall time that scans for a view take at most, where a scan every
+    `VIEW_LATENCY` would cost more: a deep model's scan (120 layers: about 8 ms) ten times
+    a second would cost 8% of the training."""
+    VIEW_MAX_LATENCY = 1.0
+    """Seconds a view's events are late at most, whatever a scan costs: the panel
+    refreshes at least once a second (`notebook.panel_budget.MAX_GAP`)."""
 
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
@@ -44,6 +53,15 @@ class ScanSchedule:
         self._last_step: float | None = None
         self._last_scan = time.perf_counter()
         self._act: list[float] | None = None  # the last measured activations' abs-max
+        self._scan_cost = 0.0  # the last scan's time (s)
+
+    @property
+    def view_latency(self) -> float:
+        """Seconds between two scans at most while a view follows the run: `VIEW_LATENCY`,
+        or longer where scans that often would take more than `VIEW_BUDGET` of the time
+        (never more than `VIEW_MAX_LATENCY`)."""
+        return min(self.VIEW_MAX_LATENCY,
+                   max(self.VIEW_LATENCY, self._scan_cost / self.VIEW_BUDGET))
 
     def _act_moved(self, trace: Trace, th: Thresholds) -> bool:
         """Where the layers' outputs are not measured every step (their hooks are on for
@@ -68,7 +86,7 @@ class ScanSchedule:
 
     def due(self, trace: Trace, detection: Detection, viewed: bool = False) -> bool:
         """Called after each recorded step: whether to scan now. `viewed`: a view follows
-        the run (`VIEW_LATENCY`)."""
+        the run (`view_latency`)."""
         now = time.perf_counter()
         self._time_step(now)
         step = trace.n_steps - 1
@@ -90,7 +108,7 @@ class ScanSchedule:
                        or (jumped >= 0 and jump_held(trace, th, jumped)))
         self._confirm = {s: h for s, h in self._confirm.items() if s > step}
         pending = trace.n_steps - detection.steps_done
-        latency = self.VIEW_LATENCY if viewed else self.MAX_LATENCY
+        latency = self.view_latency if viewed else self.MAX_LATENCY
         return pending > 0 and ("sudden" in woke or confirm or pending >= self.interval
                                 or now - self._last_scan >= latency)
 
@@ -119,6 +137,8 @@ class ScanSchedule:
             0.9 * self._step_time + 0.1 * min(wall, 2 * self._step_time)
 
     def scanned(self, cost: float) -> None:
+        """A scan ended, having taken `cost` seconds."""
         self._last_scan = time.perf_counter()
+        self._scan_cost = cost
         if self._step_time > 0:
             self.interval = max(1, min(10_000, math.ceil(cost / (self.BUDGET * self._step_time))))

@@ -140,7 +140,9 @@ class Boundary:
         with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
         step = trace.n_steps
         replaced = False
-        if self._rescans.due(step, len(with_grad)):
+        membership = self._steps.membership
+        anew, membership.new_optimizer = membership.new_optimizer, False
+        if self._rescans.due(step, len(with_grad), anew):
             version = self._models.version
             new = self._models.rescan()
             if new and self._hook_layers is not None:
@@ -285,7 +287,10 @@ class Rescans:
     than at the step before is the sign, read from the list of gradients the boundary
     builds anyway. A walk that finds nothing doubles the wait for the next such sign (a
     GAN's generator sits out every other step), up to `RESCAN_EVERY`; every
-    `RESCAN_EVERY`-th step walks anyway (gradients zeroed in place keep their count)."""
+    `RESCAN_EVERY`-th step walks anyway (gradients zeroed in place keep their count), and
+    so does a step where an optimizer stepped for the first time (`Membership.new_optimizer`:
+    one built anew after a layer was replaced, whose `zero_grad` leaves the old layer's
+    gradient in place)."""
 
     def __init__(self) -> None:
         self.graded = 0
@@ -293,9 +298,12 @@ class Rescans:
         self._gap = 1
         self._next = 0
 
-    def due(self, step: int, graded: int) -> bool:
+    def due(self, step: int, graded: int, new_optimizer: bool = False) -> bool:
+        """Whether to walk the models at `step`, where `graded` watched weights have a
+        gradient and `new_optimizer` says whether an optimizer first stepped."""
         fewer, self.graded = graded < self.graded, graded
-        return step > 0 and (step % RESCAN_EVERY == 0 or fewer and step >= self._next)
+        return step > 0 and (step % RESCAN_EVERY == 0 or new_optimizer
+                             or fewer and step >= self._next)
 
     def found(self, step: int, changed: bool) -> None:
         self._gap = 1 if changed else min(2 * self._gap, RESCAN_EVERY)

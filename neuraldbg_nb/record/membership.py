@@ -62,10 +62,18 @@ class Membership:
         self._held_by_layer: dict[int, list[nn.Parameter]] = {}
         self._root_of: np.ndarray = np.zeros(0, np.int64)  # each layer's model, -1: none
         self._graded: set[int] = set()  # layers with a gradient at another optimizer's step
+        self.new_optimizer = False
+        """An optimizer stepped for the first time (`saw`); the step boundary that reads
+        it sets it back. A loop that builds an optimizer anew has often just replaced a
+        layer (a new head, then `opt = SGD(model.parameters())`): the models are walked
+        for it (`boundary.Rescans`) before the old layer, which no optimizer holds now,
+        is judged."""
 
     def saw(self, opt: torch.optim.Optimizer) -> None:
         """An optimizer stepped."""
-        self._opts.add(opt)
+        if opt not in self._opts:
+            self._opts.add(opt)
+            self.new_optimizer = True
 
     def column(self, models: Models, n: int) -> np.ndarray | None:
         """The step's `grad_unheld` per layer (`UNHELD`, `REPLACED`, `UNTRAINED_MODEL`; 0

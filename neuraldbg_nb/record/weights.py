@@ -175,6 +175,7 @@ class WeightProbe:
         pos = s.kept_norms(sc)
         trace.set_layer_values("param_norm", trace.n_steps - 1,
                                layer_norms(sc.to_host(), [(pos, idx)], trace.n_layers)[0])
+        trace.ended = True
         return True
 
     def release(self) -> None:

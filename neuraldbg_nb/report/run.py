@@ -272,14 +272,14 @@ class Run:
         """Call `listener(run, new_events)` after every recorded step; returns an
         unsubscribe function. Views use it to update live: while one listens, the watch
         judges the run at a view's pace, so what they read of it is at most
-        `live.scans.ScanSchedule.VIEW_LATENCY` late."""
+        `live.scans.ScanSchedule.view_latency` late (a second at most)."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     @property
     def listened(self) -> bool:
         """Whether a listener follows the run (`subscribe`): its watch then scans at a
-        view's pace (`live.scans.ScanSchedule.VIEW_LATENCY`)."""
+        view's pace (`live.scans.ScanSchedule.view_latency`)."""
         return bool(self._listeners)
 
     def notify(self, new: list[Event]) -> None:

@@ -158,6 +158,11 @@ class Trace:
         self._first_grad = np.zeros(0, np.float32)
         self._first_loss = math.nan
         self._version = 0
+        self.ended = False
+        """The run's last update is in the last row (its weight norms, written as the
+        watch ends: `record.weights`), with no step after it to judge it: detection judges
+        it as that step would (`detect.last_update`). A step appended after it (the block
+        entered again) takes that role, and this is False again."""
 
     @staticmethod
     def _blank(steps: int, layers: int) -> np.ndarray:
@@ -250,6 +255,7 @@ class Trace:
             self._first_loss = float(scalars["loss"])
         self._rows += 1
         self._version += 1
+        self.ended = False
         return self._off + r
 
     def set_layer_values(self, column: str, step: int, values: np.ndarray) -> None:
@@ -426,7 +432,8 @@ class Trace:
                           str(i.params), str(i.outputs)] for i in self.layers],
                         dtype=str).reshape(-1, 7)
         arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]),
-                      first_grad_norm=self._first_grad, first_loss=np.array([self._first_loss]))
+                      first_grad_norm=self._first_grad, first_loss=np.array([self._first_loss]),
+                      ended=np.array([self.ended]))
         np.savez_compressed(path, allow_pickle=False, **arrays)
 
     @classmethod
@@ -460,6 +467,7 @@ class Trace:
                 t._first_grad[:] = z["first_grad_norm"]
             elif t._off == 0 and n:  # an older file: its first step is still exact
                 t._first_grad[:] = t._layer_cols["grad_norm"][0]
+            t.ended = bool(z["ended"][0]) if "ended" in z else False
             if "first_loss" in z:
                 t._first_loss = float(z["first_loss"][0])
             elif t._off == 0:  # an older file whose first steps are still exact

@@ -86,6 +86,32 @@ def test_a_first_update_the_size_of_the_learning_rate_on_small_weights_is_a_warn
                      "huge": [(0, "error")], "late": [(30, "error")]}
 
 
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_first_update_after_which_the_loss_halved_is_a_warning(chunk):
+    """A small head growing to its targets' scale: its update at step 1 moves it 1.06x its
+    size (SGD, each weight by more than the learning rate) and the loss falls 8.2 -> 3.3
+    after it: a warning. The same update where the loss stays within a batch's noise is
+    an error, and so is one past the run's start."""
+    found = {}
+    for name, fall, at in (("fitting", 2.5, 1), ("flat", 1.02, 1), ("late", 2.5, 30)):
+        norms = np.full((N, 1), 0.59)
+        norms[at:] = 0.59 * 2.06
+        loss = np.full(N, 8.2)
+        loss[at + 1:] = 8.2 / fall
+        layers = [(name, "other", True, 33)]
+        cols = {"param_norm": norms, "update_ratio": np.full((N, 1), np.nan),
+                "grad_norm": noisy(6.0)}
+        scalars = {"loss": loss, "lr": np.full(N, 0.05)}
+        _, events = detect(build(layers, cols, scalars))
+        found[name] = [(e.step, e.severity) for e in of(events, "exploding_update")]
+        _, det, _ = live_scan(layers, cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+        if name == "fitting":
+            assert "the loss fell after it (8.2 -> 3.28)" in events[0].message, events[0]
+    assert found == {"fitting": [(1, "warning")], "flat": [(1, "error")],
+                     "late": [(30, "error")]}
+
+
 def test_a_parameter_of_a_few_numbers_crossing_zero_is_not_an_exploding_update():
     # a normalising flow's 2-number scale under Adam: its norm 0.00153 -> 0.00067 ->
     # 0.000113 -> 0.000825 as one number crosses zero ("changed by 6.31x"); the same
@@ -188,6 +214,30 @@ def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
     other.update_layer(0, primary_lr=False)  # trained by another optimizer: not judged
     assert [(e.layer, e.step) for e in of(detect(other)[1], "weights_not_updated")] == \
         [("fc1", 10)]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_weights_left_unchanged_at_an_exact_fit_are_not_judged(chunk):
+    """At the float32 floor (the loss 1e12x below its first value) an update of the
+    gradients left rounds away: nothing is left to learn, not a layer out of the
+    optimizer. The same stall while the loss is where it began is a warning."""
+    found = {}
+    for name, floor in (("fitted", 1e-13), ("learning", 1.0)):
+        upd = np.full((N, 1), np.nan)
+        upd[::10] = 1e-3
+        upd[40::10] = 0.0
+        w = 3.0 + np.cumsum(np.full((N, 1), 1e-3), 0)
+        w[39:] = w[39]
+        loss = np.full(N, 2.0)
+        loss[20:] = floor
+        layers = [(name, "other")]
+        cols = {"grad_norm": noisy(1e-7), "update_ratio": upd, "param_norm": w}
+        scalars = {"loss": loss, "lr": np.full(N, 0.02)}
+        _, events = detect(build(layers, cols, scalars))
+        found[name] = [(e.step, e.severity) for e in of(events, "weights_not_updated")]
+        _, det, _ = live_scan(layers, cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+    assert found == {"fitted": [], "learning": [(50, "warning")]}
 
 
 @pytest.mark.parametrize("chunk", [1, 7, N])

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from loops import assert_no_errors, relu_mlp, task_loop
+import torch.nn.functional as F
+from loops import assert_no_errors, relu_mlp, task_batches, task_loop
 from torch import nn
 
 import neuraldbg_nb as ndbg
@@ -79,3 +80,28 @@ def test_a_layer_replaced_and_added_to_the_optimizer_is_healthy_and_watched():
     assert np.isfinite(acts).any(), "the new layer's forward is not heard"
     grads = run.trace.col("grad_norm")[AT:, i]
     assert np.isfinite(grads).all() and (grads > 0).all()
+
+
+def test_a_layer_replaced_then_an_optimizer_built_anew_is_healthy() -> None:
+    """The fix the not-in-optimizer message gives: a new head, then a new optimizer for
+    the whole model. The new optimizer's `zero_grad` leaves the old head's last gradient
+    in place, so the count of weights with a gradient gives no sign of the replacement:
+    the new optimizer's first step does (`Membership.new_optimizer`), and the old head,
+    which no optimizer holds now, is not judged."""
+    model = relu_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = task_batches()
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            if step == AT:
+                torch.manual_seed(1)
+                model[4] = nn.Linear(16, 2)
+                opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            opt.zero_grad()
+            F.cross_entropy(model(x[step]), y[step]).backward()
+            opt.step()
+    assert_no_errors(run)
+    assert not [e for e in run.events if e.kind == "not_in_optimizer"], \
+        [str(e) for e in run.events]
+    i = [info.name for info in run.trace.layers].index("4")
+    assert np.isfinite(run.trace.col("grad_norm")[AT:, i]).all()

@@ -383,6 +383,50 @@ def test_an_exact_fit_does_not_hide_a_later_failure():
     assert (first.layer, first.step) == ("0", 150), first
 
 
+def _regression_fit(steps: int, lr: float, momentum: float, raise_at: int | None = None):
+    """Two linear layers fitting a noiseless linear teacher with SGD: the head (33 weights
+    of norm 0.59) must grow 5x to the targets' scale in the first steps, and the mean
+    squared error then falls to the float32 floor (about 1e-13), where the updates of
+    the gradients left round away. At `raise_at` the learning rate is set 1000x (a unit
+    mix-up in a config)."""
+    gen = torch.Generator().manual_seed(0)
+    teacher = torch.randn(8, 1, generator=gen)
+    x = torch.randn(256, 8, generator=gen)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(steps):
+            if step == raise_at:
+                for group in opt.param_groups:
+                    group["lr"] *= 1000
+            opt.zero_grad()
+            F.mse_loss(model(x), x @ teacher).backward()
+            opt.step()
+    return run
+
+
+@pytest.mark.parametrize("lr, momentum", [(0.05, 0.9), (0.02, 0.5)])
+def test_a_regression_fitted_to_the_float_floor_is_healthy(lr, momentum):
+    """The head's first updates move it by more than its size while the loss falls (a
+    warning at most, `updates.LR_SIZED`); at the floor, updates that round away are not
+    weights left out of the optimizer."""
+    run = _regression_fit(300, lr, momentum)
+    assert run.trace.scalar("loss")[-50:].max() < 1e-9
+    assert_no_errors(run)
+    assert not [e for e in run.events if e.kind == "weights_not_updated"], \
+        [str(e) for e in run.events]
+    assert len([e for e in run.events if e.severity == "warning"]) <= 1
+
+
+@pytest.mark.parametrize("lr, momentum", [(0.05, 0.9), (0.02, 0.5)])
+def test_a_learning_rate_raised_at_the_float_floor_is_the_first_failure(lr, momentum):
+    run = _regression_fit(300, lr, momentum, raise_at=250)
+    first = run.first_failure
+    assert first is not None and 250 <= first.step <= 252, first
+    assert [e for e in run.events if e.severity == "error" and e.step <= 255], run.events
+
+
 def test_a_step_schedule_stepped_per_batch_is_a_warning_with_the_learning_rates_path():
     """Stepped every batch, StepLR(step_size=5) divides the rate 10x every 5 steps: the
     second such fall within 20 steps is a warning naming the path, long before the model

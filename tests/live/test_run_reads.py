@@ -72,11 +72,12 @@ def test_every_recorded_step_is_judged_when_the_block_ends(
 
 
 def test_a_view_sees_the_run_judged_at_its_pace(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a listener, the watch scans at least every `VIEW_LATENCY` seconds (here: at
-    every step); without one, it leaves steps to its budget. Reading the run from the
-    listener judges nothing."""
+    """With a listener, the watch scans at the view's pace (here: at every step); without
+    one, it leaves steps to its budget. Reading the run from the listener judges
+    nothing."""
     monkeypatch.setattr(ScanSchedule, "MAX_LATENCY", math.inf)
     monkeypatch.setattr(ScanSchedule, "VIEW_LATENCY", 0.0)
+    monkeypatch.setattr(ScanSchedule, "VIEW_BUDGET", math.inf)
     setup = mlp()
     opt = setup.make_opt(setup.model)
     seen: list[tuple[int, int, int]] = []

@@ -50,3 +50,15 @@ def test_the_scan_schedule_confirms_a_gradient_jump_that_held_at_its_second_step
         if scans_then:
             _, events = detect(build([("a", "other")], cols, scalars, n=32), th)
             assert [e.step for e in of(events, "regime_shift", signal="gradient")] == [30]
+
+
+def test_a_view_is_scanned_for_as_often_as_scans_stay_within_its_budget() -> None:
+    """Scans for a view come every `VIEW_LATENCY` seconds where they are cheap, less often
+    where that would cost more than `VIEW_BUDGET` of the time (a deep model's scan), and
+    at least every `VIEW_MAX_LATENCY` seconds however long a scan takes."""
+    schedule = ScanSchedule(ndbg.Thresholds())
+    assert schedule.view_latency == ScanSchedule.VIEW_LATENCY  # nothing scanned yet
+    for cost, latency in ((0.0002, ScanSchedule.VIEW_LATENCY), (0.008, 0.8), (0.5, 1.0)):
+        schedule.scanned(cost)
+        assert np.isclose(schedule.view_latency, latency), cost
+        assert cost / schedule.view_latency <= ScanSchedule.VIEW_BUDGET or latency == 1.0
