@@ -476,7 +476,7 @@ def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Findin
                     per_layer=False,
                     message=lambda n, s, v, p, sev: f"learning rate changed {fmt(p)} -> "
                                                     f"{fmt(v)} at step {s}"),
-            _stepped_per_batch(lr, prev, lo, th)]
+            _stepped_per_batch(lr, prev, trace.scalar("in_epoch_start", lo, stop), lo, th)]
 
 
 PER_BATCH_HISTORY = 4
@@ -501,14 +501,18 @@ def _drops(lr: np.ndarray, prev: np.ndarray, th: Thresholds) -> np.ndarray:
     return (lr > 0) & (fall > 1e-6) & (held | (fall >= np.log10(th.jump) - LR_SLACK))
 
 
-def _stepped_per_batch(lr: np.ndarray, prev: np.ndarray, lo: int, th: Thresholds) -> Finding:
+def _stepped_per_batch(lr: np.ndarray, prev: np.ndarray, epoch_start: np.ndarray, lo: int,
+                       th: Thresholds) -> Finding:
     """A step schedule stepped every batch instead of every epoch: a chain of two drops
     or more (`_drops`), each fewer than `window` steps after the one before, the last within
     the last `window` steps, that has taken the learning rate `jump` times below where
     the chain began (within `LR_SLACK`), read over the last `per_batch_history` steps.
     StepLR(step_size=5, gamma=0.1) stepped per batch divides the rate 10x every 5 steps,
     StepLR(step_size=10, gamma=0.5) 16x in 40; a schedule stepped per epoch drops once an
-    epoch, and a smooth one never from a plateau. A warning while the chain goes on; the
+    epoch, and a smooth one never from a plateau. Nor is a chain each of whose drops came
+    at the first batch of an epoch (`epoch_start`, known where the batches come from a
+    DataLoader): a schedule stepped once an epoch of few batches (ExponentialLR(0.5) over
+    16 batches halves the rate every 16 steps). A warning while the chain goes on; the
     whole model stopped learning, once the rate has reached about 0, is the error
     (`_whole_model`)."""
     dropped = _drops(lr, prev, th)
@@ -528,7 +532,7 @@ def _stepped_per_batch(lr: np.ndarray, prev: np.ndarray, lo: int, th: Thresholds
         chain = recent[gaps[-1] + 1:] if len(gaps) else recent
         with np.errstate(divide="ignore", invalid="ignore"):
             fell = np.log10(prev[chain[0]] / lr[r])
-        if len(chain) >= 2 and fell >= floor:
+        if len(chain) >= 2 and fell >= floor and not (epoch_start[chain] == 1).all():
             codes[r] = WARNING
             chains[int(r)] = [int(c) for c in chain]
 

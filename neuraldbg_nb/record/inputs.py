@@ -190,7 +190,7 @@ class Inputs:
     def read(self, v: list[float]) -> dict[str, float]:
         """After the transfer `v`: the step's input scalars (`step_row.input_scalars`)."""
         scalars, self._fingerprint = step_row.input_scalars(self._batches, v, self._fingerprint)
-        scalars["in_reiter"] = self.loaders.read()
+        scalars["in_reiter"], scalars["in_epoch_start"] = self.loaders.read()
         return scalars
 
     def release(self) -> None:

@@ -151,23 +151,32 @@ class LoaderIterators:
         if f is not None:
             self._ended.append(f)
 
-    def read(self) -> float:
-        """At a step boundary: the batches in an epoch of a loader whose iterator was made
-        in this step and dropped before it went through them, where the model was fed one
-        of its batches (or, where it was fed none that any iterator yielded, where no
-        iterator made before this step yielded a batch in it); inf for a loader without a
-        length, 0 where there was none, NaN where no DataLoader's iterator was ever made
-        while followed."""
+    def read(self) -> tuple[float, float]:
+        """At a step boundary: (reiter, epoch start).
+
+        reiter: the batches in an epoch of a loader whose iterator was made in this step
+        and dropped before it went through them, where the model was fed one of its
+        batches (or, where it was fed none that any iterator yielded, where no iterator
+        made before this step yielded a batch in it); inf for a loader without a length, 0
+        where there was none.
+
+        epoch start: 1 where the step's batch was the first of an iterator that lives on
+        (`for batch in loader:` begins an epoch), else 0: a schedule stepped once an epoch
+        moves the learning rate at such a step.
+
+        Both NaN where no DataLoader's iterator was ever made while followed."""
         fed, older, ended, live = self._fed - {0}, self._older, self._ended, \
             list(self._followed.values())
         self._ended, self._fed, self._older = [], set(), False
         if not self.seen or self.failed:
-            return math.nan
+            return math.nan, math.nan
         dropped = [f for f in ended if f.fresh and 0 < f.count < f.batches]
+        begun = [f for f in live if f.fresh and 0 < f.count == f.now]
         if any(fed & f.at for f in (*live, *ended)):  # the batch trained on is known
             dropped = [f for f in dropped if fed & f.at]
+            begun = [f for f in begun if fed & f.at]
         elif older or any(not f.fresh and f.now for f in live):
-            dropped = []  # a long-lived iterator yielded in the step: the loop's, likely
+            dropped = begun = []  # a long-lived iterator yielded in the step: the loop's
         for f in live:
             f.fresh, f.now, f.at = False, 0, set()
-        return max((f.batches for f in dropped), default=0.0)
+        return max((f.batches for f in dropped), default=0.0), float(bool(begun))

@@ -64,6 +64,8 @@ STEP_COLUMNS: tuple[str, ...] = (
     "in_reiter",  # >0: the step's batches came from a DataLoader iterator made in the step
                   # and dropped before its epoch ended (`next(iter(loader))`): the loader's
                   # batches in an epoch (`record.loaders`)
+    "in_epoch_start",  # 1: the step's batch was the first of a DataLoader iterator that
+                       # lives on (an epoch began; `record.loaders`); NaN: no DataLoader
     "amp_scale_from", "amp_scale",  # the GradScaler's loss scale at the step's first and
                                     # last scaled backward (`record.amp_scale.ScaleTrail`)
     "sampled",

@@ -60,3 +60,20 @@ def test_halvings_an_epoch_apart_and_a_cosine_decay_are_not_per_batch():
         cols, scalars = _trace_cols(lr)
         assert not of(detect(build(LAYERS, cols, scalars))[1], "lr_change",
                       signal="per_batch")
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_halvings_at_the_first_batch_of_short_epochs_are_not_per_batch(chunk):
+    """Halved every 10 steps, as StepLR(10, 0.5) stepped per batch would: where each
+    drop comes at the first batch of a DataLoader's epoch (`in_epoch_start`), it is a
+    schedule stepped once an epoch of 10 batches; where the epochs are longer, a warning."""
+    lr = 0.02 * 0.5 ** (np.arange(N) // 10)
+    found = {}
+    for epoch in (10, 30):
+        cols, scalars = _trace_cols(lr)
+        scalars["in_epoch_start"] = (np.arange(N) % epoch == 0).astype(np.float64)
+        _, events = detect(build(LAYERS, cols, scalars))
+        found[epoch] = [e.step for e in of(events, "lr_change", signal="per_batch")]
+        _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+        assert [same(e) for e in det.events] == [same(e) for e in events]
+    assert found == {10: [], 30: [40]}

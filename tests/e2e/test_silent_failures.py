@@ -13,6 +13,7 @@ layer; the healthy twin of each stays quiet.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -338,6 +339,46 @@ def test_the_same_schedule_per_epoch_and_one_layer_at_lr_0_are_not_the_whole_mod
     run = _scheduled(10 ** 6, per_batch=False, zero_lr_layer=True)
     assert not [e for e in run.events if e.signal == "model"]
     assert_no_errors(run)
+
+
+def _loader_schedule(per_batch: bool, epochs: int = 6):
+    """A DataLoader of 16 batches an epoch and StepLR(step_size=2, gamma=0.5): stepped
+    once an epoch the rate halves every 32 steps; stepped every batch, every 2 steps."""
+    model = _backbone_and_head()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2 if per_batch else 1, gamma=0.5)
+    x, y = task_batches()
+    data = torch.utils.data.TensorDataset(x[:16].reshape(-1, 6), y[:16].reshape(-1))
+    loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(epochs):
+            for xb, yb in loader:
+                opt.zero_grad()
+                F.cross_entropy(model(xb), yb).backward()
+                opt.step()
+                if per_batch:
+                    sched.step()
+            if not per_batch:
+                sched.step()
+    return run
+
+
+def test_a_schedule_stepped_once_an_epoch_of_few_batches_is_not_per_batch():
+    """Halved at every epoch of 16 batches, the rate falls 16x in four drops 16 steps
+    apart, as a step schedule stepped per batch would; the drops come at the first batch
+    of an epoch (the loader's iterator is new), so it is no warning. Stepped per batch
+    through the same loader, it is."""
+    per_epoch = _loader_schedule(per_batch=False)
+    # (the loaders are followed from the model's first call: the first epoch's start,
+    # whose iterator was made before it, is not known)
+    starts = per_epoch.trace.scalar("in_epoch_start")
+    assert starts[16::16].tolist() == [1.0] * 5 and np.nansum(starts) == 5, starts
+    assert not [e for e in per_epoch.events if e.signal == "per_batch"], per_epoch.events
+    assert_no_errors(per_epoch)
+    per_batch = _loader_schedule(per_batch=True)
+    warned = [e for e in per_batch.events if e.signal == "per_batch"]
+    assert warned and warned[0].step <= 12, [str(e) for e in per_batch.events]
 
 
 def _hinge_fit(steps: int, on_step_start=None):
