@@ -46,7 +46,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (regime.gradient_findings, _recent),
     (updates.findings, _recent),
     (updates.lr_findings, updates.per_batch_history),
-    (updates.stall_findings, gradients.history),  # (`gradients.converged`)
+    (updates.stall_findings, _recent),
     (loss.findings, _trend),
     (loss_form.findings, _recent),
     (loss_form.chance_findings, loss_form.chance_history),

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace.columns import WEIGHT_PROBE, Trace
+from . import gradients
 from .baseline import lagged, within
-from .gradients import converged
 from .regime import few
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .thresholds import Thresholds
@@ -308,7 +308,9 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     # at an exact fit (`gradients.converged`: the loss far below where it was, or 0) the
     # gradients left are next to nothing, and an update of them rounds away in float32
     # (SGD at 0.02 on a gradient of 1e-7): nothing is left to learn, not judged
-    known &= ~(lagged(converged(trace, lo, stop, th)[:, None].astype(np.float64), 1) > 0)
+    far = max(trace.full_from, lo - gradients.history(th))  # the loss's own history
+    fitted = gradients.converged(trace, far, stop, th)[lo - far:]
+    known &= ~(lagged(fitted[:, None].astype(np.float64), 1) > 0)
     with np.errstate(invalid="ignore"):
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
         # the same two updates in a row, each by less than `NEGLIGIBLE`
