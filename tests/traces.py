@@ -107,9 +107,10 @@ def rich_trace() -> tuple[list[tuple[str, str]], dict[str, np.ndarray], dict[str
     return layers, cols, scalars
 
 
-def live_scan(layers, cols, scalars, chunk: int = 1, th=None):
+def live_scan(layers, cols, scalars, chunk: int = 1, th=None, since=None):
     """Rebuild the trace the way the probe does (a step's weight norm and update size are
-    filled in one step late) and advance a Detection every `chunk` steps."""
+    filled in one step late) and advance a Detection every `chunk` steps. `since`: {layer
+    index: the step its module was replaced at}, told to the trace as that step begins."""
     late = ("param_norm", "update_ratio")
     n = len(scalars["loss"])
     t = Trace()
@@ -119,6 +120,9 @@ def live_scan(layers, cols, scalars, chunk: int = 1, th=None):
     det = Detection(th or ndbg.Thresholds())
     streamed = []
     for s in range(n):
+        for j, at in (since or {}).items():
+            if at == s:
+                t.update_layer(j, since=at)
         if s > 0:
             for c in late:
                 t.set_layer_values(c, s - 1, cols[c][s - 1].astype(np.float32))

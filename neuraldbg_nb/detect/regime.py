@@ -109,6 +109,25 @@ def _revived(grad: np.ndarray, level: np.ndarray, th: Thresholds) -> np.ndarray:
         return (level < th.vanish) & (grad > level)
 
 
+def per_module(trace: Trace, lo: int, values: np.ndarray,
+               judge: Callable[[np.ndarray], tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
+    """`judge(values)` (steps `lo` on; it returns (steps, layers) arrays), where a layer
+    the loop replaced inside the watch (`LayerInfo.since`) is judged from its module's
+    arrival on against that module's own history only: a new head's gradient is not a
+    jump from the old head's. Its steps before are judged as they were."""
+    out = judge(values)
+    cut = [(j, i.since - lo) for j, i in enumerate(trace.layers) if lo < i.since < lo + len(values)]
+    if not cut:
+        return out
+    own = values.copy()
+    for j, rows in cut:
+        own[:rows, j] = np.nan
+    for a, b in zip(out, judge(own)):
+        for j, rows in cut:
+            a[rows:, j] = b[rows:, j]
+    return out
+
+
 def few(trace: Trace, field: str) -> list[int]:
     """The layers with fewer than `FEW` numbers in `field` (`LayerInfo.params` or
     `LayerInfo.outputs`; -1, not recorded, is not few)."""
@@ -215,7 +234,8 @@ def measured_shift(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarr
     decades) against its measured steps in the `window` before; NaN where not judged."""
     act = trace.col("act_absmax", lo, stop)
     need, sparse = _measured_warmup(act, th)
-    return shift_beyond(log_level(act), th.window, need, th.noise, sparse)[0]
+    return per_module(trace, lo, act, lambda a: shift_beyond(
+        log_level(a), th.window, need, th.noise, sparse))[0]
 
 
 def activation_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
@@ -230,7 +250,9 @@ def activation_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
         return find_jumps(act, window, need, noise, everywhere, sparse)
 
     jumps = _cached(baselines, trace, "act_absmax", lo, stop, settings, compute) or compute()
-    codes, base = shift_codes(act, th, True, jumps)
+    codes, base = per_module(trace, lo, act, lambda a: shift_codes(
+        a, th, True, jumps if a is act else find_jumps(a, window, need, noise, everywhere,
+                                                       sparse)))
     codes[(codes >= WARNING) & follows_input(trace, lo, stop, act, base, th)] = OK
     zero, was = zeroed(trace, act, th.window)
     codes[zero] = ERROR
@@ -260,7 +282,8 @@ def gradient_findings(trace: Trace, lo: int, stop: int, th: Thresholds,
     settings = baseline_settings(th)
     jumps = _cached(baselines, trace, "grad_norm", lo, stop, settings,
                     lambda: find_jumps(grad, *settings))
-    grad_codes, grad_base = shift_codes(grad, th, False, jumps)
+    grad_codes, grad_base = per_module(trace, lo, grad, lambda g: shift_codes(
+        g, th, False, jumps if g is grad else None))
     held_jumps(grad, grad_codes, grad_base, th, GRADIENT_PATIENCE - 1)
     grad_codes[_revived(grad, grad_base, th)] = OK
     grad_codes[:, few(trace, "params")] = HOLD

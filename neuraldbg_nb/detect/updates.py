@@ -280,8 +280,8 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     parameters, or before the layer was replaced), or a learning rate of 0. Nothing
     breaks, the loss still falls through the other layers.
 
-    Judged at sampled steps (not at an exact fit, where they have nothing left to learn:
-    `gradients.converged`): their update size is exactly 0 only when not one weight of
+    Judged at sampled steps (not at an exact fit at an ordinary learning rate, where they
+    have nothing left to learn: `gradients.converged`): their update size is exactly 0 only when not one weight of
     the slice read moved (a tiny learning rate still moves them), and the update of the
     step before left the weights' norm the very same number. Two updates in a row, so
     that the first one of a warm-up from a learning rate of 0 is not one. Left out:
@@ -305,19 +305,22 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         pushed = np.isfinite(grad) & (grad > 0) & (grad != grad_before)
         # a half-precision layer is judged by how many of its weights stayed put (below)
         known = judged & pushed & ~np.isnan(ratio) & np.isnan(unmoved)
-    # at an exact fit (`gradients.converged`: the loss far below where it was, or 0) the
-    # gradients left are next to nothing, and an update of them rounds away in float32
-    # (SGD at 0.02 on a gradient of 1e-7): nothing is left to learn, not judged
+    # at an exact fit (`gradients.converged`: the loss far below where it was, or 0) at
+    # an ordinary learning rate, the gradients left are next to nothing, and an update
+    # of them rounds away in float32 (SGD at 0.02 on a gradient of 1e-7): nothing is left
+    # to learn, not judged. A learning rate brought to about 0 is judged there too.
     far = max(trace.full_from, lo - gradients.history(th))  # the loss's own history
     fitted = gradients.converged(trace, far, stop, th)[lo - far:]
-    known &= ~(lagged(fitted[:, None].astype(np.float64), 1) > 0)
+    lr = lagged(trace.scalar("lr", lo, stop), 1)  # the learning rate of the update judged
+    with np.errstate(invalid="ignore"):
+        fitted = (lagged(fitted[:, None].astype(np.float64), 1)[:, 0] > 0) & (lr >= TOO_SMALL)
+    known &= ~fitted[:, None]
     with np.errstate(invalid="ignore"):
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
         # the same two updates in a row, each by less than `NEGLIGIBLE`
         negligible = known & (ratio < NEGLIGIBLE) & np.isfinite(w1) & \
             (np.abs(w1 - w2) <= NEGLIGIBLE * np.abs(w2))
     codes = grade(known, (still, WARNING))
-    lr = lagged(trace.scalar("lr", lo, stop), 1)  # the learning rate of the update judged
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         text = (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "

@@ -113,9 +113,14 @@ class Models:
         if idx is None:
             c = self.candidates[mid]
             own = own_params(c.module)
+            replaced = c.name in self.trace.layer_names  # (by `rescan`: the step now)
             idx = c.index = self.trace.add_layer(
                 c.name, type(c.module).__name__, c.role, bool(own),
                 primary_lr=mid not in self.other_lr, params=sum(p.numel() for p in own))
+            if replaced:
+                self.trace.update_layer(idx, since=self.trace.n_steps,
+                                        type=type(c.module).__name__, role=c.role,
+                                        has_params=bool(own), params=sum(p.numel() for p in own))
             self.index[mid] = idx
         return idx
 

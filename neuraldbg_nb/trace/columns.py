@@ -123,6 +123,10 @@ class LayerInfo:
     """Elements in its own parameters (-1: not recorded, a run saved before they were)."""
     outputs: int = -1
     """The fewest elements one of its calls output (-1: not recorded)."""
+    since: int = 0
+    """The step from which its numbers are of the module that has its name now: a layer
+    the loop replaced inside the watch (`model.fc = nn.Linear(...)`) keeps the name's
+    column, and its own history starts there (`detect.regime`)."""
 
     @property
     def label(self) -> str:
@@ -431,8 +435,8 @@ class Trace:
         arrays.update({f"hlayer__{c}": a for c, a in self._h_layer.items()})
         arrays.update({f"hstep__{c}": a for c, a in self._h_step.items()})
         meta = np.array([[i.name, i.type, i.role, str(int(i.has_params)), str(int(i.primary_lr)),
-                          str(i.params), str(i.outputs)] for i in self.layers],
-                        dtype=str).reshape(-1, 7)
+                          str(i.params), str(i.outputs), str(i.since)] for i in self.layers],
+                        dtype=str).reshape(-1, 8)
         arrays.update(layers=meta, h_steps=self._h_steps, offset=np.array([self._off]),
                       first_grad_norm=self._first_grad, first_loss=np.array([self._first_loss]),
                       ended=np.array([self.ended]))
@@ -447,6 +451,8 @@ class Trace:
                             rest[:1] != ["0"], int(rest[1]) if len(rest) > 1 else -1)
                 if len(rest) > 2:  # files of 4 to 6 columns were saved before `outputs`
                     t.update_layer(i, outputs=int(rest[2]))
+                if len(rest) > 3:  # and of 7 before `since`
+                    t.update_layer(i, since=int(rest[3]))
             n = len(z["step__loss"])
             while t._cap < n:
                 t._grow()

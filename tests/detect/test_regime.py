@@ -199,3 +199,29 @@ def test_a_gradient_jump_that_holds_is_found_though_it_raises_its_own_baseline(c
     assert "jumped" in of(events, "regime_shift", "zeroed")[0].message
     _, det, _ = live_scan(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 120])
+def test_a_layer_replaced_inside_the_watch_is_judged_against_its_own_history(chunk):
+    """A head at 0.003 (fitted) replaced at step 60 by a new one at 1.5: under the same
+    name, the new module's gradient and output are judged from its arrival on against
+    their own history (`LayerInfo.since`), not as a 500x jump of the old one's; a jump
+    of the old head before it is still found, and so is one of the new head later."""
+    M = 120
+    grad = noisy(0.003, n=M)
+    grad[60:] = noisy(1.5, n=M - 60, seed=4)
+    grad[30] = 3.0   # the old head's own jump, held one more step
+    grad[31] = 3.0
+    grad[90:] *= 300  # the new head's
+    layers = [("fc", "other")]
+    cols = {"grad_norm": grad, "act_absmax": noisy(1.0, n=M), "param_norm": noisy(1.0, n=M),
+            "update_ratio": noisy(1e-3, n=M)}
+    scalars = {"loss": noisy(1.0, n=M)[:, 0]}
+    found = {}
+    for since in (0, 60):
+        trace = build(layers, cols, scalars, n=M)
+        trace.update_layer(0, since=since)
+        found[since] = [e.step for e in of(detect(trace)[1], "regime_shift", "fc", "gradient")]
+        streamed = live_scan(layers, cols, scalars, chunk, since={0: since})[2]
+        assert sorted(e.step for e in streamed if e.kind == "regime_shift") == found[since]
+    assert found == {0: [30, 60, 90], 60: [30, 90]}

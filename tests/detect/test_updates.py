@@ -220,9 +220,11 @@ def test_weights_left_unchanged_by_two_updates_in_a_row_are_a_warning():
 def test_weights_left_unchanged_at_an_exact_fit_are_not_judged(chunk):
     """At the float32 floor (the loss 1e12x below its first value) an update of the
     gradients left rounds away: nothing is left to learn, not a layer out of the
-    optimizer. The same stall while the loss is where it began is a warning."""
+    optimizer. The same stall while the loss is where it began is a warning, and so is
+    one at the floor where the learning rate was brought to about 0 (a schedule)."""
     found = {}
-    for name, floor in (("fitted", 1e-13), ("learning", 1.0)):
+    for name, floor, rate in (("fitted", 1e-13, 0.02), ("learning", 1.0, 0.02),
+                              ("decayed", 1e-13, 1e-10)):
         upd = np.full((N, 1), np.nan)
         upd[::10] = 1e-3
         upd[40::10] = 0.0
@@ -232,12 +234,14 @@ def test_weights_left_unchanged_at_an_exact_fit_are_not_judged(chunk):
         loss[20:] = floor
         layers = [(name, "other")]
         cols = {"grad_norm": noisy(1e-7), "update_ratio": upd, "param_norm": w}
-        scalars = {"loss": loss, "lr": np.full(N, 0.02)}
+        scalars = {"loss": loss, "lr": np.full(N, rate)}
         _, events = detect(build(layers, cols, scalars))
         found[name] = [(e.step, e.severity) for e in of(events, "weights_not_updated")]
         _, det, _ = live_scan(layers, cols, scalars, chunk=chunk)
         assert [same(e) for e in det.events] == [same(e) for e in events]
-    assert found == {"fitted": [], "learning": [(50, "warning")]}
+    # (the only layer: at a learning rate of about 0, also the whole model, an error)
+    assert found == {"fitted": [], "learning": [(50, "warning")],
+                     "decayed": [(50, "error"), (50, "warning")]}
 
 
 @pytest.mark.parametrize("chunk", [1, 7, N])

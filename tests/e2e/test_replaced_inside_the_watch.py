@@ -105,3 +105,9 @@ def test_a_layer_replaced_then_an_optimizer_built_anew_is_healthy() -> None:
         [str(e) for e in run.events]
     i = [info.name for info in run.trace.layers].index("4")
     assert np.isfinite(run.trace.col("grad_norm")[AT:, i]).all()
+    # the new head is judged against its own history, from the step it arrived
+    assert run.trace.layers[i].since == AT
+    assert not [e for e in run.events if e.layer == "4" and e.kind == "regime_shift"], \
+        [str(e) for e in run.events]
+    _, whole = ndbg.detect(run.trace)
+    assert [str(e) for e in whole] == [str(e) for e in run.events]
