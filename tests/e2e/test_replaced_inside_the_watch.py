@@ -82,7 +82,7 @@ def test_a_layer_replaced_and_added_to_the_optimizer_is_healthy_and_watched():
     assert np.isfinite(grads).all() and (grads > 0).all()
 
 
-def test_a_layer_replaced_then_an_optimizer_built_anew_is_healthy() -> None:
+def test_a_layer_replaced_then_an_optimizer_built_anew_is_healthy(tmp_path) -> None:
     """The fix the not-in-optimizer message gives: a new head, then a new optimizer for
     the whole model. The new optimizer's `zero_grad` leaves the old head's last gradient
     in place, so the count of weights with a gradient gives no sign of the replacement:
@@ -111,3 +111,6 @@ def test_a_layer_replaced_then_an_optimizer_built_anew_is_healthy() -> None:
         [str(e) for e in run.events]
     _, whole = ndbg.detect(run.trace)
     assert [str(e) for e in whole] == [str(e) for e in run.events]
+    saved = ndbg.load(run.save(tmp_path / "run.npz"))
+    assert saved.trace.layers[i].since == AT
+    assert [str(e) for e in saved.events] == [str(e) for e in run.events]

@@ -97,18 +97,19 @@ def test_a_file_saved_without_events_is_judged_again_from_its_steps(tmp_path):
     assert loaded.overhead is None
 
 
-@pytest.mark.parametrize("columns", [4, 5, 6, 7])
+@pytest.mark.parametrize("columns", [4, 5, 6, 7, 8])
 def test_a_file_saved_with_fewer_columns_of_layer_facts_still_loads(tmp_path, columns):
     """A file whose table of layer facts stops before `LayerInfo.primary_lr` (4 columns),
-    `LayerInfo.params` (5) or `LayerInfo.outputs` (6): every layer's learning rate is the
-    step's, and what the file does not hold is not known (-1)."""
+    `LayerInfo.params` (5), `LayerInfo.outputs` (6) or `LayerInfo.since` (7): every
+    layer's learning rate is the step's, what the file does not hold is not known (-1),
+    and every layer's module is the one it had from the first step (`since` 0)."""
     setup = mlp()
     with ndbg.watch(setup.model, report=False) as run:
         train(setup, 5)
     path = run.save(tmp_path / "old.npz")
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
-    assert arrays["layers"].shape[1] == 7
+    assert arrays["layers"].shape[1] == 8
     arrays["layers"] = arrays["layers"][:, :columns]
     np.savez_compressed(path, **arrays)
     loaded = ndbg.load(path)
@@ -117,8 +118,9 @@ def test_a_file_saved_with_fewer_columns_of_layer_facts_still_loads(tmp_path, co
     sizes = [i.params for i in loaded.trace.layers]
     assert sizes == ([i.params for i in run.trace.layers] if columns >= 6 else [-1] * len(sizes))
     outputs = [i.outputs for i in loaded.trace.layers]
-    assert outputs == ([i.outputs for i in run.trace.layers] if columns == 7 else [-1] * len(sizes))
+    assert outputs == ([i.outputs for i in run.trace.layers] if columns >= 7 else [-1] * len(sizes))
     assert columns < 7 or min(outputs) > 0
+    assert all(i.since == 0 for i in loaded.trace.layers)
     assert sizes[0] == (-1 if columns < 6 else
                         sum(p.numel() for p in setup.model.get_submodule(
                             run.trace.layer_names[0]).parameters()))
