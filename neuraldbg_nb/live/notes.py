@@ -17,6 +17,9 @@ TRANSFORMED = ("parts of the model ran under torch.func transforms (vmap, grad, 
 EVAL_ONLY = ("every forward of the model ran with gradients off (torch.no_grad() or "
              "torch.inference_mode()), so no activations were recorded: neuraldbg records "
              "the forwards that train, and leaves evaluation passes out.")
+ZEROED_BEFORE_STEP = ("the loop zeroed the gradients before it called run.step(), so the "
+                      "gradients of those steps were not measured (they read exactly 0): "
+                      "call run.step() after the update and before zeroing them.")
 """Each said once per run (a watch entered again does not repeat it)."""
 
 

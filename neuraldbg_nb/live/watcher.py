@@ -204,6 +204,8 @@ class Watch:
             run.notes.append(notes.COMPILED)
         if probe.transformed_seen and not any("torch.func" in n for n in run.notes):
             run.notes.append(notes.TRANSFORMED)
+        if probe.zeroed_before_step and notes.ZEROED_BEFORE_STEP not in run.notes:
+            run.notes.append(notes.ZEROED_BEFORE_STEP)
         if probe.eval_seen and self._activations and not probe.activations_seen \
                 and notes.EVAL_ONLY not in run.notes:
             run.notes.append(notes.EVAL_ONLY)

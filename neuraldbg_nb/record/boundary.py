@@ -79,6 +79,8 @@ class Boundary:
         self._set_hooks = set_hooks
         self._hook_layers = hook_layers
         self._rescans = Rescans()
+        self.zeroed_before_step = False
+        """A step closed by hand found every gradient zeroed (`close`)."""
         self._hook_next = False  # the next forward is hooked (a learning rate moved)
         self._last_hooked = 0  # the last step whose layers were measured (hooked, replayed)
         self.hooked = True
@@ -137,7 +139,7 @@ class Boundary:
         t_enter = clock()
         sc, trace = self._sc, self._trace
         params = self._models.params()
-        with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
+        with_grad = _with_grad(params)
         step = trace.n_steps
         replaced = False
         membership = self._steps.membership
@@ -151,7 +153,7 @@ class Boundary:
             self._rescans.found(step, replaced)
             if replaced:
                 params = self._models.params()
-                with_grad = [(g, idx) for _, p, idx in params if (g := p.grad) is not None]
+                with_grad = _with_grad(params)
             self._rescans.graded = len(with_grad)
         g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)
@@ -175,6 +177,12 @@ class Boundary:
         norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
                                          *moves], n)
         row["grad_norm"] = norms[0]
+        if opt is None and with_grad and self._backwards.any_heard \
+                and (norms[0][[i for _, i in with_grad]] == 0).all():
+            # a step closed by hand after the loop zeroed every gradient in place
+            # (`p.grad.zero_()` after its update): not measured, rather than 0
+            row["grad_norm"] = np.full(n, math.nan, np.float32)
+            self.zeroed_before_step = True
         unheld = None if opt is None or self._steps.input_trained else \
             self._steps.membership.column(self._models, n)
         if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)
@@ -272,6 +280,14 @@ def _factor(moved: float, norm: float) -> float:
     if moved == 0.0 or moved == math.inf:
         return moved
     return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)
+
+
+def _with_grad(params: list[tuple[str, nn.Parameter, int]]
+               ) -> list[tuple[torch.Tensor, int]]:
+    """(gradient, layer) of the watched weights that have one and are trainable: a frozen
+    weight's `.grad` is what an earlier training left (a teacher trained, then frozen
+    with `requires_grad_(False)`), not this step's."""
+    return [(g, idx) for _, p, idx in params if (g := p.grad) is not None and p.requires_grad]
 
 
 RESCAN_EVERY = 64

@@ -103,6 +103,19 @@ def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
                         for i in range(0, n, RAMP_MAX)]).sum()
 
 
+def _ragged(args: tuple | dict) -> bool:
+    """Is the first argument that holds a tensor a list or tuple of tensors of unlike
+    shapes: a ragged batch (`model(sequences, lengths)`, one tensor a sequence)? Its first
+    tensor is one sample, not the batch: summarised, a sequence of ones would read "input
+    batch is constant". Such a batch is not recorded."""
+    values = args.values() if isinstance(args, dict) else args
+    arg = next((a for a in values if first_tensor(a, floating=False) is not None), None)
+    if not isinstance(arg, (list, tuple)):
+        return False
+    shapes = {t.shape for t in arg if isinstance(t, torch.Tensor)}
+    return len(shapes) > 1
+
+
 class Inputs:
     """The input batches of one watch's step, summarised on the step's `Scalars` and held
     for capture.
@@ -150,10 +163,11 @@ class Inputs:
         recorded as batches besides it."""
         if not self._released:
             self.loaders.attach()  # idempotent
+        source: tuple | dict = args
         found = first_tensor(args, floating=False)
         if found is None:
-            found = first_tensor(kwargs, floating=False)
-        if found is None or found.numel() == 0 or found.is_complex():
+            source, found = kwargs, first_tensor(kwargs, floating=False)
+        if found is None or found.numel() == 0 or found.is_complex() or _ragged(source):
             return
         if given:
             self._given = True

@@ -335,6 +335,12 @@ class Probe:
         return self._forward.transformed_seen
 
     @property
+    def zeroed_before_step(self) -> bool:
+        """A step closed by hand (`run.step()`) found every gradient zeroed in place: the
+        loop zeroes them before it closes the step, and they were not measured."""
+        return self._boundary.zeroed_before_step
+
+    @property
     def eval_seen(self) -> bool:
         """A forward with gradients off was left out."""
         return self._forward.eval_seen

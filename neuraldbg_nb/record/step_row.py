@@ -13,9 +13,9 @@ import math
 
 import numpy as np
 
-Fingerprint = tuple[float, ...]
-"""The input batches' min, max, sum and position-weighted sum (`inputs.input_batch`):
-equal from one step to the next only for a repeated batch."""
+Fingerprint = tuple[tuple[float, float, float, float], ...]
+"""Each distinct input batch of a step, in order: its min, max, sum and position-weighted
+sum (`inputs.input_batch`); equal from one step to the next only for repeated batches."""
 
 
 def absmax(calls: list[int], mins: list[float], maxs: list[float], n: int,
@@ -104,8 +104,8 @@ def loss(v: list[float], heard: list[int], logged: list[int], logged_host: list[
 def input_scalars(inputs: list[tuple[dict[str, int], int]], v: list[float],
                   last: Fingerprint | None) -> tuple[dict[str, float], Fingerprint | None]:
     """The input batches' summary (`inputs.input_batch`'s positions in `v`, and each
-    batch's size), and their fingerprint: a batch whose fingerprint is `last`, the
-    previous step's, is an exact repeat."""
+    batch's size), and their fingerprint (of the step's distinct batches): batches whose
+    fingerprint is `last`, the previous step's, are an exact repeat."""
     if not inputs:
         return {}, last
     got = [({k: v[p] if p >= 0 else numel for k, p in pos.items()}, numel)
@@ -127,7 +127,10 @@ def input_scalars(inputs: list[tuple[dict[str, int], int]], v: list[float],
         sq = sum(g["norm"] ** 2 for g, _ in got)
         out["in_std"] = math.sqrt(max(sq / numel - mean ** 2, 0.0)) if not flagged else math.nan
         out["in_zero_frac"] = 1.0 - sum(g["nonzero"] for g, _ in got) / numel
-    fingerprint = tuple(mins + maxs + [g["sum"] for g, _ in got] + [g["print"] for g, _ in got])
+    # the step's distinct batches, in order: a closure that runs the forward on the same
+    # batch a varying number of times a step (L-BFGS: 17 to 25) feeds one batch
+    fingerprint = tuple(dict.fromkeys((g["min"], g["max"], g["sum"], g["print"])
+                                      for g, _ in got))
     out["in_repeat"] = float(fingerprint == last and not flagged)
     return out, fingerprint
 

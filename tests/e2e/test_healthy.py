@@ -420,6 +420,72 @@ def test_lbfgs_converging_after_adam_is_not_a_gradient_collapse():
     assert not [str(e) for e in run.events if e.severity == "error"]
 
 
+def test_lbfgs_on_one_full_batch_is_full_batch_training_not_repeated_batches():
+    """L-BFGS runs its closure, the forward on the same full batch, a varying number of
+    times a step (about 20, then 1 once converged). The step's batch is that one batch:
+    every step repeats it as every step has so far (full-batch training, info), not "a
+    repeat after other batches" wherever two steps ran the same count of forwards."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    x = torch.linspace(-3, 3, 200).unsqueeze(1)
+    y = torch.sin(2 * x) + 0.1 * torch.randn(x.shape, generator=gen)
+    model = nn.Sequential(nn.Linear(1, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                          nn.Linear(32, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=25,
+                            line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(30):
+            opt.step(closure)
+    assert (run.trace.scalar("in_repeat")[1:] == 1).all()
+    assert not [e for e in run.events if e.kind == "data_anomaly" and e.severity != "info"], \
+        [str(e) for e in run.events]
+    assert not [str(e) for e in run.events if e.severity == "error"]
+
+
+class _Ragged(nn.Module):
+    """Sequences of unlike lengths, given as a list, padded and packed inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(5, 8)
+        self.gru = nn.GRU(8, 16, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, sequences: list[torch.Tensor], lengths: torch.Tensor) -> torch.Tensor:
+        padded = nn.utils.rnn.pad_sequence(sequences, batch_first=True)
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(padded), lengths,
+                                                   batch_first=True, enforce_sorted=False)
+        return self.head(self.gru(packed)[1][-1])
+
+
+def test_a_ragged_batch_given_as_a_list_is_not_read_as_its_first_sample():
+    """`model(sequences, lengths)`: the first tensor is one sequence (all ones, say), not
+    the batch; it is not summarised as the input ("input batch is constant")."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = _Ragged()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with ndbg.watch(model, report=False) as run:
+        for _ in range(40):
+            lengths = torch.randint(2, 9, (16,), generator=gen)
+            sequences = [torch.randint(1, 5, (int(n),), generator=gen) for n in lengths]
+            sequences[0] = torch.ones(int(lengths[0]), dtype=torch.long)
+            labels = torch.tensor([int((s == 1).sum() > len(s) / 4) for s in sequences])
+            opt.zero_grad()
+            F.cross_entropy(model(sequences, lengths), labels).backward()
+            opt.step()
+    assert np.isnan(run.trace.scalar("in_absmax")).all()
+    assert not [str(e) for e in run.events if e.kind == "data_anomaly"]
+    assert not [str(e) for e in run.events if e.severity == "error"]
+
+
 def test_an_auxiliary_head_whose_loss_weight_reaches_zero_is_cut_off_not_vanishing():
     """Deep supervision with the auxiliary heads' weight annealed to 0 at step 60: their
     gradients are exactly 0 from there. Nothing of the loss reaches them, on purpose: a

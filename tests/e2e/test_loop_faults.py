@@ -98,6 +98,34 @@ def test_a_frozen_teacher_in_eval_mode_is_not_flagged():
     assert (run.trace.scalar("eval_layers") == 0).all()
 
 
+def test_a_teacher_trained_then_frozen_keeps_no_gradient_of_its_own():
+    """Knowledge distillation: the teacher trained first, then frozen with
+    `requires_grad_(False)` and called under `torch.no_grad()`; its weights keep the
+    `.grad` of its last training step. That gradient is not this run's: its layers read
+    no gradient, and no note calls them trained layers whose forward went unheard."""
+    torch.manual_seed(1)
+    x, y = task_batches()
+    teacher = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 2))
+    F.cross_entropy(teacher(x[0]), y[0]).backward()  # its training's last gradient
+    teacher.eval().requires_grad_(False)
+    student = relu_mlp()
+    opt = torch.optim.SGD(student.parameters(), lr=0.05)
+    with ndbg.watch([student, teacher], report=False) as run:
+        for step in range(30):
+            opt.zero_grad()
+            with torch.no_grad():
+                target = F.softmax(teacher(x[step]) / 2, dim=1)
+            logits = student(x[step])
+            loss = F.cross_entropy(logits, y[step]) + F.kl_div(
+                F.log_softmax(logits / 2, dim=1), target, reduction="batchmean")
+            loss.backward()
+            opt.step()
+    teacher_layers = [j for j, n in enumerate(run.trace.layer_names) if n.startswith("1.")]
+    assert teacher_layers and np.isnan(run.trace.col("grad_norm")[:, teacher_layers]).all()
+    assert not [n for n in run.notes if "never ran through" in n], run.notes
+    assert_no_errors(run)
+
+
 def test_a_loop_without_zero_grad_is_the_first_failure_from_step_1():
     """Without zero_grad every backward adds to all the earlier gradients. What shows,
     dozens of steps later, is a layer dying or jumping; the first failure is the loop: an
@@ -285,6 +313,41 @@ def test_a_loop_stepped_by_hand_may_clear_its_gradients():
             run.step()
     assert np.isnan(run.trace.scalar("grads_missing")).all()
     assert run.first_failure is None
+
+
+@pytest.mark.parametrize("how", ["in_place", "zero_grad_keep"])
+def test_gradients_zeroed_in_place_before_a_step_closed_by_hand_are_not_measured(how):
+    """The textbook loop without an optimizer: `p -= lr * p.grad; p.grad.zero_()`, then
+    `run.step()`. Every gradient reads exactly 0 where the step closes: not a vanishing
+    gradient of every layer, but gradients not measured, and a note says where to call
+    `run.step()`. Closed before the zeroing, they are measured."""
+    runs = {}
+    for late in (True, False):
+        model = relu_mlp()
+        x, y = task_batches()
+        with ndbg.watch(model, report=False) as run:
+            for step in range(60):
+                F.cross_entropy(model(x[step]), y[step]).backward()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p -= 0.05 * p.grad
+                if not late:
+                    run.step()
+                if how == "in_place":
+                    for p in model.parameters():
+                        p.grad.zero_()
+                else:
+                    model.zero_grad(set_to_none=False)
+                if late:
+                    run.step()
+        runs[late] = run
+    late, early = runs[True], runs[False]
+    assert not late.events, [str(e) for e in late.events]
+    assert np.isnan(late.trace.col("grad_norm")).all()
+    assert any("before it called run.step()" in n for n in late.notes), late.notes
+    assert (early.trace.col("grad_norm")[:, [0, 2, 4]] > 0).all()
+    assert not any("run.step()" in n for n in early.notes), early.notes
+    assert not [e for e in early.events if e.severity == "error"]
 
 
 def test_an_optimizer_stepped_twice_per_backward_is_a_warning_where_it_began():
