@@ -104,16 +104,19 @@ def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
 
 
 def _ragged(args: tuple | dict) -> bool:
-    """Is the first argument that holds a tensor a list or tuple of tensors of unlike
-    shapes: a ragged batch (`model(sequences, lengths)`, one tensor a sequence)? Its first
-    tensor is one sample, not the batch: summarised, a sequence of ones would read "input
-    batch is constant". Such a batch is not recorded."""
+    """Is the first argument that holds a tensor a ragged batch: a list or tuple of three
+    tensors or more, samples of unlike lengths (their first dimension) and like otherwise
+    (`model(sequences, lengths)`, one tensor a sequence)? Its first tensor is one sample,
+    not the batch: summarised, a sequence of ones would read "input batch is constant".
+    Such a batch is not recorded. Inputs and labels (`[x, y]`) share their first
+    dimension, the batch's, and are not one."""
     values = args.values() if isinstance(args, dict) else args
     arg = next((a for a in values if first_tensor(a, floating=False) is not None), None)
-    if not isinstance(arg, (list, tuple)):
+    if not isinstance(arg, (list, tuple)) or len(arg) < 3:
         return False
-    shapes = {t.shape for t in arg if isinstance(t, torch.Tensor)}
-    return len(shapes) > 1
+    shapes = [t.shape for t in arg if isinstance(t, torch.Tensor)]
+    return (len(shapes) == len(arg) and len({s[1:] for s in shapes}) == 1
+            and len({s[:1] for s in shapes}) > 1)
 
 
 class Inputs:
