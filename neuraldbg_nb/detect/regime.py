@@ -116,7 +116,8 @@ def per_module(trace: Trace, lo: int, values: np.ndarray,
     arrival on against that module's own history only: a new head's gradient is not a
     jump from the old head's. Its steps before are judged as they were."""
     out = judge(values)
-    cut = [(j, i.since - lo) for j, i in enumerate(trace.layers) if lo < i.since < lo + len(values)]
+    cut = [(j, i.since - lo) for j, i in enumerate(trace.layers)
+           if lo < i.since < lo + len(values)]
     if not cut:
         return out
     own = values.copy()

@@ -281,10 +281,11 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     breaks, the loss still falls through the other layers.
 
     Judged at sampled steps (not at an exact fit at an ordinary learning rate, where they
-    have nothing left to learn: `gradients.converged`): their update size is exactly 0 only when not one weight of
-    the slice read moved (a tiny learning rate still moves them), and the update of the
-    step before left the weights' norm the very same number. Two updates in a row, so
-    that the first one of a warm-up from a learning rate of 0 is not one. Left out:
+    have nothing left to learn: `gradients.converged`): their update size is exactly 0
+    only when not one weight of the slice read moved (a tiny learning rate still moves
+    them), and the update of the step before left the weights' norm the very same
+    number. Two updates in a row, so that the first one of a warm-up from a learning
+    rate of 0 is not one. Left out:
     layers trained by another optimizer than the one that marks the steps (a GAN's
     generator may rightly sit out several of the critic's steps), embeddings
     (`SPARSE_ROWS`), and gradients left over from an earlier step (see `pushed`)."""
@@ -310,12 +311,11 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     # of them rounds away in float32 (SGD at 0.02 on a gradient of 1e-7): nothing is left
     # to learn, not judged. A learning rate brought to about 0 is judged there too.
     far = max(trace.full_from, lo - gradients.history(th))  # the loss's own history
-    fitted = gradients.converged(trace, far, stop, th)[lo - far:]
+    converged = gradients.converged(trace, far, stop, th)[lo - far:, None]
     lr = lagged(trace.scalar("lr", lo, stop), 1)  # the learning rate of the update judged
     with np.errstate(invalid="ignore"):
-        fitted = (lagged(fitted[:, None].astype(np.float64), 1)[:, 0] > 0) & (lr >= TOO_SMALL)
-    known &= ~fitted[:, None]
-    with np.errstate(invalid="ignore"):
+        fitted = (lagged(converged.astype(np.float64), 1) > 0) & (lr >= TOO_SMALL)[:, None]
+        known &= ~fitted
         still = known & (ratio == 0) & np.isfinite(w1) & (w1 == w2)
         # the same two updates in a row, each by less than `NEGLIGIBLE`
         negligible = known & (ratio < NEGLIGIBLE) & np.isfinite(w1) & \
