@@ -50,10 +50,12 @@ def _static(name: str) -> Any:
 
 
 def _warm_charts(run: Run | None) -> None:
-    """In the background: import and start the chart renderer (seconds, once a process;
-    started with the panel, so it is ready when training ends), and with `run`, the run
-    being over, make the inspector of its first failure (`inspector.prepare`), so the
-    first click on an event does not wait for either."""
+    """In the background: import and start the chart renderer (seconds, once a process),
+    and with `run`, the run being over, make the inspector of its first failure
+    (`inspector.prepare`), so the first click on an event does not wait for either.
+    Started when training ends, or with the panel of a finished run: the imports hold the
+    interpreter for a second or two, and started with a training's panel they delayed its
+    first steps by as much (the first paint of a 120-layer MLP came after 2.5 s)."""
     def warm() -> None:
         try:
             from .inspector import prepare, warm_up
@@ -105,7 +107,8 @@ class Panel(anywidget.AnyWidget):
         """The panel's updates while training and what they cost (`PanelBudget`)."""
         self._notes_pushed = 0  # notes the last push carried: a new one is pushed at once
         self._unsubscribe = run.subscribe(self._on_step)
-        _warm_charts(None)
+        if run.status != "training":  # (a training run's warm-up waits for its end: the
+            _warm_charts(run)  # imports hold the interpreter, and would delay its first steps)
         self.observe(self._on_thresholds, names="thresholds")
         self.observe(self._on_selected, names="selected")
         self.push(force=True)
@@ -117,7 +120,8 @@ class Panel(anywidget.AnyWidget):
             _warm_charts(run)
             run.prepare_reclassify()  # so that the first slider move is as fast as the next
             return
-        self.push(force=len(run.notes) != self._notes_pushed)
+        # the first recorded step is shown at once (the first paint), whatever the budget
+        self.push(force=len(run.notes) != self._notes_pushed or self.step == 0)
 
     def push(self, force: bool = False) -> None:
         """Send the run's state, as often as its measured cost allows (`PanelBudget`):

@@ -11,7 +11,8 @@ a few hundred bytes) goes in between, so that the panel refreshes at least every
 step, so a refresh goes once the next step, were it up to twice as long as the recent
 ones, could end more than `MAX_GAP` after the last update (the gap holds where steps take
 well under a second; a step longer than foreseen delays it by that step). The first
-update, when the panel is shown, and the final one are always sent.
+update, when the panel is shown, the one after the first step (the first paint of a
+step) and the final one are always sent.
 """
 
 from __future__ import annotations
