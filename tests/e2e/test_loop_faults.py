@@ -298,49 +298,47 @@ def test_a_loop_whose_weights_get_no_gradient_at_the_step_is_the_first_failure(h
     assert stopped.value.run.trace.n_steps <= 4
 
 
-def test_a_loop_stepped_by_hand_may_clear_its_gradients():
-    """Steps closed by run.step() are not judged for missing gradients: such a loop
-    updates the weights itself and may clear the gradients before closing the step."""
+def _sgd_by_hand(steps: int, zero, close_first: bool) -> ndbg.Run:
+    """SGD written out, without an optimizer: the update, then `zero(model)` clears the
+    gradients, and `run.step()` closes the step before it (`close_first`) or after."""
     model = relu_mlp()
     x, y = task_batches()
     with ndbg.watch(model, report=False) as run:
-        for step in range(10):
+        for step in range(steps):
             F.cross_entropy(model(x[step]), y[step]).backward()
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.05 * p.grad
-            model.zero_grad()
-            run.step()
+            if close_first:
+                run.step()
+            zero(model)
+            if not close_first:
+                run.step()
+    return run
+
+
+def _zero_in_place(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad.zero_()
+
+
+def test_a_loop_stepped_by_hand_may_clear_its_gradients():
+    """Steps closed by run.step() are not judged for missing gradients: such a loop
+    updates the weights itself and may clear the gradients before closing the step."""
+    run = _sgd_by_hand(10, lambda model: model.zero_grad(), close_first=False)
     assert np.isnan(run.trace.scalar("grads_missing")).all()
     assert run.first_failure is None
 
 
-@pytest.mark.parametrize("how", ["in_place", "zero_grad_keep"])
-def test_gradients_zeroed_in_place_before_a_step_closed_by_hand_are_not_measured(how):
+@pytest.mark.parametrize("zero", [_zero_in_place,
+                                  lambda model: model.zero_grad(set_to_none=False)],
+                         ids=["in_place", "zero_grad_keep"])
+def test_gradients_zeroed_in_place_before_a_step_closed_by_hand_are_not_measured(zero):
     """The textbook loop without an optimizer: `p -= lr * p.grad; p.grad.zero_()`, then
     `run.step()`. Every gradient reads exactly 0 where the step closes: not a vanishing
     gradient of every layer, but gradients not measured, and a note says where to call
     `run.step()`. Closed before the zeroing, they are measured."""
-    runs = {}
-    for late in (True, False):
-        model = relu_mlp()
-        x, y = task_batches()
-        with ndbg.watch(model, report=False) as run:
-            for step in range(60):
-                F.cross_entropy(model(x[step]), y[step]).backward()
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p -= 0.05 * p.grad
-                if not late:
-                    run.step()
-                if how == "in_place":
-                    for p in model.parameters():
-                        p.grad.zero_()
-                else:
-                    model.zero_grad(set_to_none=False)
-                if late:
-                    run.step()
-        runs[late] = run
+    runs = {late: _sgd_by_hand(60, zero, close_first=not late) for late in (True, False)}
     late, early = runs[True], runs[False]
     assert not late.events, [str(e) for e in late.events]
     assert np.isnan(late.trace.col("grad_norm")).all()
