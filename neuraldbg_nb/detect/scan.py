@@ -57,6 +57,10 @@ class Finding:
     step_offset: int = 0
     """Added to the row to get the event's step (a weight change seen at row t happened in
     the update of step t-1)."""
+    began: Callable[[int, int], int] | None = None
+    """(column, step first seen) -> the step the condition began, at most the step seen:
+    where it is read on sampled steps only but a number of every step dates it (a
+    learning rate brought to about 0 between two samples). None: the step seen."""
 
 
 @dataclass
@@ -187,9 +191,11 @@ def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarra
         level = int(carry.level[j])
         held = carry.length[j] if f.hold_counts else carry.seen[j]
         if k > level and held >= f.patience:
-            _close(events, carry, j, int(carry.start[j]) + f.step_offset)
-            events.append(_event(f, name, label, j, k, int(carry.start[j]) + f.step_offset,
-                                 float(carry.start_value[j]), float(carry.start_previous[j])))
+            seen_at = int(carry.start[j]) + f.step_offset
+            _close(events, carry, j, seen_at)
+            at = seen_at if f.began is None else min(seen_at, f.began(j, seen_at))
+            events.append(_event(f, name, label, j, k, at, float(carry.start_value[j]),
+                                 float(carry.start_previous[j])))
             carry.open[j] = len(events) - 1
             carry.level[j] = k
         elif k == OK < level and not f.sticky and carry.length[j] >= exit_patience:

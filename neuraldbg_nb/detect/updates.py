@@ -10,6 +10,9 @@ forward first uses them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import numpy as np
 
 from ..trace.columns import WEIGHT_PROBE, Trace
@@ -334,12 +337,35 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
                        "computing their gradients)")
 
     rounded = _rounded(unmoved, judged & pushed, lr, lo, th)
+    model = _whole_model(np.where(negligible, WARNING, codes).astype(np.int8), codes,
+                         rounded.codes, judged & np.isfinite(grad),
+                         np.isfinite(grad).sum(axis=1), lr, lo)
+    model = replace(model, began=_tiny_since(trace, model.codes, lo))
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
-                    step_offset=-1),
-            rounded, _whole_model(np.where(negligible, WARNING, codes).astype(np.int8),
-                                  codes, rounded.codes, judged & np.isfinite(grad),
-                                  np.isfinite(grad).sum(axis=1), lr, lo)]
+                    step_offset=-1, began=_tiny_since(trace, codes, lo)),
+            rounded, model]
+
+
+def _tiny_since(trace: Trace, codes: np.ndarray, lo: int) -> Callable[[int, int], int]:
+    """`Finding.began` for updates that stopped moving the weights at a learning rate
+    below `TOO_SMALL`: the update size is read on sampled steps, the learning rate on
+    every step, so the stall began where the learning rate last fell below `TOO_SMALL`,
+    and not before the last row judged moving (`codes`: the rows read from `lo`). A StepLR stepped per batch drops below it between
+    two samples; the sample after is up to `sample_every` steps late."""
+    def began(j: int, seen: int) -> int:
+        # a row judged moving: the update it judges moved, or the one before did (two
+        # still updates in a row make a stall), so the stall began at that update at
+        # the earliest
+        moving = np.flatnonzero(codes[:seen + 1 - lo, j] == OK)
+        floor = max(lo + int(moving[-1]) - 1 if len(moving) else lo, trace.full_from)
+        lr = trace.scalar("lr", floor, seen + 1).astype(np.float64)
+        if not len(lr) or not lr[-1] < TOO_SMALL:  # (NaN: no learning rate read)
+            return seen
+        with np.errstate(invalid="ignore"):
+            above = np.flatnonzero(~(lr < TOO_SMALL))
+        return floor + (int(above[-1]) + 1 if len(above) else 0)
+    return began
 
 
 def _whole_model(stalled: np.ndarray, stalled_exactly: np.ndarray, rounded: np.ndarray,

@@ -1,7 +1,8 @@
 """The whole model stopped learning (`weights_not_updated`, signal `model`) on hand-made
 traces: every layer with a gradient left exactly as it was by its updates is an error and
-the first failure, dated as its layers are (two sampled updates in a row); one layer of several is a warning
-of its own."""
+the first failure, dated as its layers are: from the step the learning rate fell below
+`TOO_SMALL`, where it did (the updates are read on sampled steps, the learning rate on
+every step); one layer of several is a warning of its own."""
 
 from __future__ import annotations
 
@@ -29,15 +30,16 @@ def _stalled(from_step: int, which: list[int], lr: np.ndarray | None = None):
 
 @pytest.mark.parametrize("chunk", [1, 7, N])
 def test_every_layer_stalled_is_the_whole_model_an_error_and_the_first_failure(chunk):
-    lr = np.where(np.arange(N) < 29, 1e-3, 1e-12)
-    cols, scalars = _stalled(29, [0, 1, 2], lr)
+    lr = np.where(np.arange(N) < 30, 1e-3, 1e-12)
+    cols, scalars = _stalled(29, [0, 1, 2], lr)  # the update of step 30 is the first still
     _, events = detect(build(LAYERS, cols, scalars))
     (model,) = of(events, "weights_not_updated", None, "model")
-    assert (model.step, model.severity, model.value) == (40, "error", 3.0)
-    assert "whole model stopped learning from step 40" in model.message
-    assert "learning rate is 1e-12 since step 29" in model.message
+    assert (model.step, model.severity, model.value) == (30, "error", 3.0)  # seen at 40
+    assert "whole model stopped learning from step 30" in model.message
+    assert "learning rate is 1e-12 since step 30" in model.message
     assert first_failure(events, ndbg.Thresholds()) is model
-    assert len(of(events, "weights_not_updated", "any", "update")) == 3
+    layers = of(events, "weights_not_updated", "any", "update")
+    assert [e.step for e in layers] == [30, 30, 30]
     _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]
 
@@ -49,3 +51,28 @@ def test_one_layer_of_several_stalled_is_a_warning_and_not_the_whole_model():
     (one,) = of(events, "weights_not_updated")
     assert (one.layer, one.severity) == ("fc1", "warning")
     assert first_failure(events, ndbg.Thresholds()) is None
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_stall_at_an_ordinary_learning_rate_is_dated_where_it_was_seen(chunk):
+    """Updates that stop at a learning rate that still moves weights (a layer left out of
+    the optimizer) have nothing to date them between two samples: the sampled step that
+    saw it, and not where the learning rate last changed."""
+    lr = np.where(np.arange(N) < 20, 1e-3, 5e-4)
+    cols, scalars = _stalled(29, [1], lr)
+    _, events = detect(build(LAYERS, cols, scalars))
+    (one,) = of(events, "weights_not_updated")
+    assert (one.layer, one.step) == ("fc1", 40)
+    _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
+
+
+def test_a_learning_rate_that_moved_weights_when_last_judged_bounds_the_start():
+    """A learning rate below `TOO_SMALL` long before the stall (small weights still moved
+    by it) does not date the stall before the last update judged moving: row 31 judges
+    the update of step 30 (still) and the one of step 29 (moving)."""
+    lr = np.where(np.arange(N) < 5, 1e-3, 1e-9)
+    cols, scalars = _stalled(29, [0, 1, 2], lr)
+    _, events = detect(build(LAYERS, cols, scalars))
+    (model,) = of(events, "weights_not_updated", None, "model")
+    assert model.step == 30
