@@ -438,16 +438,22 @@ be wrong."""
 
 def _since(lr: np.ndarray, row: int, lo: int) -> str:
     """Where the learning rate at `row` took its value, from the rows read: " since step
-    k (was x)" when it moved to it in one step (set by hand, a schedule's drop), ", down
-    from x at step k" when it decayed to it, or nothing when it was so from the start."""
-    now = lr[row]
+    k (was x)" when it fell to it in one step from a level it held (set by hand, a
+    schedule's one drop), ", down from x at step k" when it decayed to it from there (a
+    per-batch schedule: its drops, and the steps between them), or nothing when it was
+    so from the start."""
     before = np.flatnonzero(np.isfinite(lr[:row]) & (lr[:row] >= TOO_SMALL))
     if not len(before):
         return ""
     k = int(before[-1])
-    if k == row - 1 or np.all(lr[k + 1:row + 1] == now):
+    j = k  # back over the fall that led to row k (its drops and the steps between them)
+    while j > 0 and np.isfinite(lr[j - 1]) and lr[j - 1] >= lr[j]:
+        j -= 1
+    while j < k and lr[j + 1] == lr[j]:  # the fall begins where its first level ends
+        j += 1
+    if j == k:
         return f" since step {k + lo} (was {fmt(lr[k])})"
-    return f", down from {fmt(lr[k])} at step {k - 1 + lo}"
+    return f", down from {fmt(lr[j])} at step {j - 1 + lo}"
 
 
 def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,

@@ -173,7 +173,7 @@ class Boundary:
 
         n = trace.n_layers
         row: dict[str, np.ndarray] = self._forward.columns(v, n)
-        moves = [edits] if edits is not None else []
+        moves = list(edits) if edits is not None else []
         norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
                                          *moves], n)
         row["grad_norm"] = norms[0]
@@ -192,8 +192,8 @@ class Boundary:
                 row["grad_cut"] = cut
         self._weights.record(trace, step - 1, norms[1:1 + len(weight_parts)], v)
         edited_by = None
-        if moves:  # (`w_edited`: the moves over the last update's norms, `norms[1]`)
-            edited_by = [_factor(d, w) for d, w in zip(norms[-1].tolist(), norms[1].tolist())]
+        if moves:  # (`w_edited`: the moves over the norms the last update left)
+            edited_by = [_factor(d, w) for d, w in zip(norms[-2].tolist(), norms[-1].tolist())]
             row["w_edited"] = np.array(edited_by, np.float32)
 
         eval_layers = self._backwards.eval_layers

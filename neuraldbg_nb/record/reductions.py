@@ -40,12 +40,13 @@ class Scalars:
         self._n += 1
         return self._n - 1
 
-    def extend(self, ts: list[torch.Tensor]) -> int:
+    def extend(self, ts: list[torch.Tensor], one_device: bool = False) -> int:
         """Values of 0-d tensors, stacked in one op; the first position (the others
-        follow in order)."""
+        follow in order). `one_device`: the caller knows they share a device (one
+        `_foreach_*` op made them), which saves asking each one."""
         start = self._n
-        if len({t.device for t in ts}) > 1:  # model parallel: one chunk per value
-            for t in ts:
+        if not one_device and len({t.device for t in ts}) > 1:
+            for t in ts:  # model parallel: one chunk per value
                 self.add(t)
         elif ts:
             self._chunks.append((start, torch.stack(ts)))
@@ -380,8 +381,15 @@ def known_finite(mn: torch.Tensor, mx: torch.Tensor) -> bool:
 
 SMALL_NORM = 4096
 """Tensors of up to this many elements (biases, norm layers' weights) are normed in stacks
-of equal shape: `_foreach_norm` on the CPU goes tensor by tensor at about 3 us each, where
-a stack of a hundred biases and one norm of its rows take 35 us in all."""
+of equal shape, `STACKED` or more of them: `_foreach_norm` on the CPU goes tensor by
+tensor at about 3 us each, where a stack of a hundred biases and one norm of its rows
+take 35 us in all."""
+
+STACKED = 4
+"""Tensors of one shape are normed as the rows of one stack (or one view) where there are
+at least this many; fewer go with the rest into one `_foreach_norm`: right after a
+training step each op costs several microseconds, and a small CNN's few biases and
+norm-layer weights in stacks of two or three would pay two ops per stack."""
 
 
 def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:
@@ -405,14 +413,14 @@ def grouped_norms(tensors: list[torch.Tensor], into: Scalars) -> list[int]:
         for i in idx:
             (by_shape[tensors[i].shape] if tensors[i].numel() <= SMALL_NORM else rest).append(i)
         for same in by_shape.values():
-            if len(same) == 1:
+            if len(same) < STACKED:
                 rest.extend(same)
                 continue
             rows = torch.stack([tensors[i] for i in same]).reshape(len(same), -1)
             _place(pos, same, into.add_row(torch.linalg.vector_norm(rows, dim=1, dtype=wide)))
         if rest:
             norms = torch._foreach_norm([tensors[i] for i in rest], 2, dtype=wide)
-            _place(pos, rest, into.extend(list(norms)))
+            _place(pos, rest, into.extend(list(norms), one_device=True))
     return pos
 
 

@@ -4,9 +4,10 @@ The weight probe reads a slice of every trained weight after each update and aga
 before the next one. On a notebook-sized model a step is a few milliseconds and each op
 costs several microseconds right after the training's own (cold caches), so the count of
 ops is the cost: here the slices of all weights of one device and dtype are copied by one
-`torch.cat` into one flat buffer, and the norms of all slices of one length come from one
-`vector_norm` over a 2-D view of it. A watch of a hundred layers pays about as many ops as
-one of ten.
+`torch.cat` into one flat buffer; the norms of the slices of one length, where there are
+`STACKED` or more of them, come from one `vector_norm` over a 2-D view of it, and those
+of all other slices from one `_foreach_norm`. A watch of a hundred layers pays about as
+many ops as one of ten.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from collections import defaultdict
 
 import torch
 
-from .reductions import Scalars
+from .reductions import STACKED, Scalars
 
 Run = tuple[int, int, int]
 """Slices of one length, side by side in a flat buffer: (offset, how many, length)."""
+
 
 
 def flat_slice(w: torch.Tensor, size: int) -> tuple[torch.Tensor, bool]:
@@ -36,10 +38,11 @@ def flat_slice(w: torch.Tensor, size: int) -> tuple[torch.Tensor, bool]:
 
 class _Group:
     """The slices of one (device, dtype): their sources in buffer order, where each
-    slice lies in the flat buffer, and the buffer (row 0: the copy `keep` takes; row 1:
-    room for the moves since)."""
+    slice lies in the flat buffer, the buffer (`kept`: the copy `keep` takes), and the
+    edit check's copy of each slice's first elements (`edits`)."""
 
-    def __init__(self, sources: list[tuple[int, torch.Tensor, bool]], size: int) -> None:
+    def __init__(self, sources: list[tuple[int, torch.Tensor, bool]], size: int,
+                 edit: int) -> None:
         sources = sorted(sources, key=lambda s: -_length(s[1], s[2], size))  # runs by length
         self.index = [i for i, _, _ in sources]
         self._sources = [(t, again) for _, t, again in sources]
@@ -61,7 +64,103 @@ class _Group:
         # half-precision norms overflow at 65504: taken in float32
         self.wide = torch.float32 if first.element_size() < 4 else None
         with torch.inference_mode(False):  # written to at every step, also under inference
-            self.buffer = torch.empty((2, offset), dtype=first.dtype, device=first.device)
+            self.kept = torch.empty(offset, dtype=first.dtype, device=first.device)
+        self.stacked = [r for r, (_, k, _) in enumerate(self.runs) if k >= STACKED]
+        self._lone = [(o + j * n, n) for r, j in self.where
+                      for o, k, n in (self.runs[r],) if k < STACKED]  # (offset, length)
+        self._lone_kept = self.lone_views(self.kept)
+        self._layout: list[int] | None = None
+        # the edit check's copy: the first `edit` elements of each slice, run by run
+        self._edit = edit
+        self._edit_runs = []  # per run: (offset in the edit buffer, length read)
+        at = 0
+        for _, k, n in self.runs:
+            e = min(n, edit)
+            self._edit_runs.append((at, e))
+            at += k * e
+        with torch.inference_mode(False):
+            self.edits = torch.empty(at, dtype=first.dtype, device=first.device)
+        self._edit_heads = [t[:edit] for t, again in self._sources if not again]
+        lone = [(r, j) for r, j in self.where if self.runs[r][1] < STACKED]
+        self._edit_lone = (  # per lone slice: its kept head, its head now
+            [self.kept[self.runs[r][0] + j * self.runs[r][2]:][:self._edit_runs[r][1]]
+             for r, j in lone],
+            [self.edits[self._edit_runs[r][0] + j * self._edit_runs[r][1]:]
+             [:self._edit_runs[r][1]] for r, j in lone])
+        self._edit_layout: list[tuple[int, int, int]] | None = None
+
+    def edit_parts(self) -> list[torch.Tensor]:
+        """The first `edit` elements of each slice now, as the views `torch.cat` reads."""
+        if not self._again:
+            return self._edit_heads
+        return [t.reshape(-1)[:self._edit] if again else t[:self._edit]
+                for t, again in self._sources]
+
+    def kept_and_moved(self, sc: Scalars) -> list[tuple[int, int, int]]:
+        """Positions on `sc`, per slice in buffer order, of the norms of (the kept copy,
+        how far the first `edit` elements moved since it was kept, those elements as
+        kept): their current values are copied in one op and the kept ones taken off;
+        then each stacked run's three norms, and one `_foreach_norm` for the others."""
+        base = len(sc)
+        torch.cat(self.edit_parts(), out=self.edits)
+        for r in self.stacked:
+            o, k, n = self.runs[r]
+            oe, e = self._edit_runs[r]
+            kept = self.kept[o:o + k * n].view(k, n)
+            now = self.edits[oe:oe + k * e].view(k, e)
+            now.sub_(kept[:, :e])
+            for m in (kept, now, kept[:, :e]):
+                sc.add_row(torch.linalg.vector_norm(m, dim=1, dtype=self.wide))
+        heads, nows = self._edit_lone
+        if heads:
+            torch._foreach_sub_(nows, heads)
+            sc.extend(list(torch._foreach_norm(self._lone_kept + nows + heads, 2,
+                                               dtype=self.wide)), one_device=True)
+        if self._edit_layout is None:
+            self._edit_layout = self._edit_positions(3)
+        return [(base + a, base + b, base + c) for a, b, c in self._edit_layout]
+
+    def _edit_positions(self, per_run: int = 3) -> list[tuple[int, int, int]]:
+        """Where `kept_and_moved` (`per_run` 3) or `norms` (1) puts each slice's norms,
+        counted from its first value: each stacked run's rows `per_run` times in turn,
+        then the lone slices' as many times."""
+        run_at: dict[int, int] = {}
+        at = 0
+        for r in self.stacked:
+            run_at[r] = at
+            at += per_run * self.runs[r][1]
+        lone = len(self._lone)
+        out: list[tuple[int, int, int]] = []
+        seen = 0
+        for r, j in self.where:
+            if r in run_at:
+                k = self.runs[r][1]
+                out.append((run_at[r] + j, run_at[r] + k + j, run_at[r] + 2 * k + j))
+            else:
+                out.append((at + seen, at + lone + seen, at + 2 * lone + seen))
+                seen += 1
+        return out
+
+    def lone_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """The slices of `flat` (the buffer, or a copy like it) that are not in a stacked
+        run, as views, in buffer order."""
+        return [flat[o:o + n] for o, n in self._lone]
+
+    def norms(self, sc: Scalars, flat: torch.Tensor) -> list[int]:
+        """Positions on `sc` of the norms of each slice of `flat` (the buffer, or a copy
+        like it), in buffer order: each stacked run's in one `vector_norm`, the others'
+        in one `_foreach_norm`."""
+        base = len(sc)
+        for r in self.stacked:
+            o, k, n = self.runs[r]
+            sc.add_row(torch.linalg.vector_norm(flat[o:o + k * n].view(k, n), dim=1,
+                                                dtype=self.wide))
+        if self._lone:
+            views = self._lone_kept if flat is self.kept else self.lone_views(flat)
+            sc.extend(list(torch._foreach_norm(views, 2, dtype=self.wide)), one_device=True)
+        if self._layout is None:
+            self._layout = [p for p, _, _ in self._edit_positions(1)]
+        return [base + x for x in self._layout]
 
     def parts(self) -> list[torch.Tensor]:
         """The slices' current values, as the views `torch.cat` reads."""
@@ -70,8 +169,8 @@ class _Group:
         return [t.reshape(-1)[:self._size] if again else t for t, again in self._sources]
 
     def rows(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """`flat` (one buffer's row, or a copy like it) as one (how many, length) matrix
-        per run."""
+        """`flat` (the buffer, or a copy like it) as one (how many, length) matrix per
+        run."""
         return [flat[o:o + k * n].view(k, n) for o, k, n in self.runs]
 
 
@@ -84,13 +183,14 @@ class Slices:
     dtype, with a copy as the last update left them (`keep`) to tell later what moved
     since. Positions handed back are in the order the weights were given."""
 
-    def __init__(self, weights: list[torch.Tensor], size: int) -> None:
+    def __init__(self, weights: list[torch.Tensor], size: int, edit: int | None = None
+                 ) -> None:
         by: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor, bool]]] = \
             defaultdict(list)
         for i, w in enumerate(weights):
             t, again = flat_slice(w, size)
             by[(w.device, w.dtype)].append((i, t, again))
-        self._groups = [_Group(s, size) for s in by.values()]
+        self._groups = [_Group(s, size, size if edit is None else edit) for s in by.values()]
         self._n = len(weights)
         self.kept = False
         """`keep` took a copy since the slices were made."""
@@ -99,9 +199,9 @@ class Slices:
         return self._n
 
     def keep(self) -> None:
-        """Copy the slices as they are now (after an update) into the buffers' row 0."""
+        """Copy the slices as they are now (after an update) into the buffers."""
         for g in self._groups:
-            torch.cat(g.parts(), out=g.buffer[0])
+            torch.cat(g.parts(), out=g.kept)
         self.kept = True
 
     def take(self) -> list[torch.Tensor]:
@@ -112,11 +212,11 @@ class Slices:
     def like(self, copy: list[torch.Tensor]) -> bool:
         """`copy` is a `take` of these slices."""
         return len(copy) == len(self._groups) and all(
-            c.shape[0] == g.buffer.shape[1] for c, g in zip(copy, self._groups))
+            c.shape[0] == g.kept.shape[0] for c, g in zip(copy, self._groups))
 
     def kept_norms(self, sc: Scalars) -> list[int]:
         """Positions on `sc` of the norms of the copy `keep` took."""
-        return self._norms(sc, [g.buffer[0] for g in self._groups])
+        return self._norms(sc, [g.kept for g in self._groups])
 
     def norms(self, sc: Scalars, copy: list[torch.Tensor]) -> list[int]:
         """Positions on `sc` of the norms of each slice in `copy` (a `take`)."""
@@ -125,27 +225,17 @@ class Slices:
     def moved(self, sc: Scalars, copy: list[torch.Tensor]) -> list[int]:
         """Positions on `sc` of the norms of what the kept copy differs from `copy` by
         (the update's move, where `copy` was taken before it)."""
-        return self._norms(sc, [g.buffer[0] - c for g, c in zip(self._groups, copy)])
+        return self._norms(sc, [g.kept - c for g, c in zip(self._groups, copy)])
 
-    def kept_and_moved(self, sc: Scalars) -> tuple[list[int], list[int]]:
-        """Positions on `sc` of the kept copy's norms and of how far the slices moved
-        since it was kept: the current values go into row 1, the kept ones are taken off,
-        and one norm per run reads both rows."""
-        kept = [0] * self._n
-        moved = [0] * self._n
+    def kept_and_moved(self, sc: Scalars) -> tuple[list[int], list[int], list[int]]:
+        """Positions on `sc` of the kept copy's norms, of how far the first `edit`
+        elements of the slices (all of them by default) moved since it was kept, and of
+        those elements' kept norms (what the move is measured against)."""
+        kept, moved, heads = [0] * self._n, [0] * self._n, [0] * self._n
         for g in self._groups:
-            now = g.buffer[1]
-            torch.cat(g.parts(), out=now)
-            now.sub_(g.buffer[0])
-            starts = []
-            for o, k, n in g.runs:
-                both = torch.linalg.vector_norm(g.buffer[:, o:o + k * n].view(2, k, n), dim=2,
-                                                dtype=g.wide)
-                starts.append(sc.add_row(both.reshape(-1)))
-            for i, (r, j) in zip(g.index, g.where):
-                kept[i] = starts[r] + j
-                moved[i] = starts[r] + g.runs[r][1] + j
-        return kept, moved
+            for i, (p, q, h) in zip(g.index, g.kept_and_moved(sc)):
+                kept[i], moved[i], heads[i] = p, q, h
+        return kept, moved, heads
 
     def unchanged(self, sc: Scalars, copy: list[torch.Tensor]
                   ) -> tuple[list[int], list[int], list[int]]:
@@ -156,9 +246,9 @@ class Slices:
         index: list[int] = []
         sizes: list[int] = []
         for g, c in zip(self._groups, copy):
-            if g.buffer.element_size() >= 4 or not g.buffer.is_floating_point():
+            if g.kept.element_size() >= 4 or not g.kept.is_floating_point():
                 continue
-            same = g.buffer[0] == c
+            same = g.kept == c
             starts = [sc.add_row(m.sum(dim=1, dtype=torch.float32)) for m in g.rows(same)]
             for i, (r, j) in zip(g.index, g.where):
                 pos.append(starts[r] + j)
@@ -169,8 +259,6 @@ class Slices:
     def _norms(self, sc: Scalars, flats: list[torch.Tensor]) -> list[int]:
         pos = [0] * self._n
         for g, flat in zip(self._groups, flats):
-            starts = [sc.add_row(torch.linalg.vector_norm(m, dim=1, dtype=g.wide))
-                      for m in g.rows(flat)]
-            for i, (r, j) in zip(g.index, g.where):
-                pos[i] = starts[r] + j
+            for i, p in zip(g.index, g.norms(sc, flat)):
+                pos[i] = p
         return pos

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..trace.columns import WEIGHT_PROBE, Trace
+from ..trace.columns import EDIT_PROBE, WEIGHT_PROBE, Trace
 from . import reductions
 from .slices import Slices
 from .step_row import layer_fractions, layer_norms
@@ -69,7 +69,7 @@ class WeightProbe:
         if key != self._key or self._set is None:
             trained = [(p.detach(), mid) for _, p, mid in self._owners if p.requires_grad]
             self._key, self._idx = key, None
-            self._set = Slices([w for w, _ in trained], WEIGHT_PROBE)
+            self._set = Slices([w for w, _ in trained], WEIGHT_PROBE, EDIT_PROBE)
             self._mids = [mid for _, mid in trained]
             self._pids = [id(p) for _, p, _ in self._owners if p.requires_grad]
         return self._set
@@ -114,14 +114,15 @@ class WeightProbe:
                 m, m_idx, b, b_idx = self._update
                 self._update = (m + moved, m_idx + idx, b, b_idx)
 
-    def queue(self, sc: reductions.Scalars, edits: bool) -> tuple[list[Part], Part | None]:
+    def queue(self, sc: reductions.Scalars, edits: bool
+              ) -> tuple[list[Part], tuple[Part, Part] | None]:
         """At the step boundary: the norms waiting for the transfer, for
         `step_row.layer_norms`: the weights as the last update left them and, if it was
         measured, its moved and before norms; and, where `edits` (the optimizer is about
-        to update them), how far each slice moved since that update (norms of the
-        differences): a weight changed outside the optimizer, before the step's forward.
-        No moves where there is no such copy (the first step, a weight replaced or
-        frozen since)."""
+        to update them), how far the first `EDIT_PROBE` elements of each slice moved
+        since that update, and their norms then: a weight changed outside the optimizer,
+        before the step's forward. No moves where there is no such copy (the first step,
+        a weight replaced or frozen since)."""
         last, self._last = self._last, None
         if last is None:
             self._update = self._unmoved = None
@@ -129,8 +130,8 @@ class WeightProbe:
         s, idx = last
         moves = None
         if edits and s is self._set:
-            post, moved = s.kept_and_moved(sc)
-            moves = (moved, idx)
+            post, moved, heads = s.kept_and_moved(sc)
+            moves = ((moved, idx), (heads, idx))
         else:
             post = s.kept_norms(sc)
         parts: list[Part] = [(post, idx)]

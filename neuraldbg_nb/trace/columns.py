@@ -24,6 +24,12 @@ WEIGHT_PROBE = 4096
 """Elements of each weight tensor that `param_norm` and `update_ratio` are read from (the
 first ones): the whole of a smaller tensor."""
 
+EDIT_PROBE = 256
+"""Elements of each weight tensor that `w_edited` is read from (the first ones of the
+`WEIGHT_PROBE` slice): an edit outside the optimizer (a weight scaled, clipped, reset or
+assigned) moves every part it touches, and reading it at every step costs a copy and a
+pass of this many elements per weight instead of the whole slice."""
+
 HOOK_GAP = 10
 """The steps whose layer hooks are on (`hooked`) are at most this many apart: a recording
 promise that the activation baselines count on (`detect.regime.MEASURED_WARMUP`: a window
@@ -52,7 +58,8 @@ LAYER_COLUMNS: tuple[str, ...] = (
     "grad_cut",       # >0: the layer's weights are trainable and held by an optimizer but got
                       # no gradient in the step (every step; `record.membership.Membership.cut`)
     "w_edited",       # |w_now - w_after_last_update| / |w_after_last_update| as the step's
-                      # update begins, of the same slice as param_norm: how far the weights
+                      # update begins, of the first EDIT_PROBE elements of param_norm's
+                      # slice: how far the weights
                       # moved outside the optimizer before the step's forward (every step
                       # from the second on; `record.weights.WeightProbe.queue`)
 )

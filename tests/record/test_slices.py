@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from neuraldbg_nb.record.reductions import Scalars
+from neuraldbg_nb.record.reductions import STACKED, Scalars
 from neuraldbg_nb.record.slices import Slices, flat_slice
 
 SIZE = 64
@@ -58,10 +58,11 @@ def test_norms_moves_and_unchanged_counts_match_the_slices_one_by_one() -> None:
 
     with torch.no_grad():  # edited outside the optimizer before the next forward
         weights[1].mul_(3.0)
-    kept, moved = s.kept_and_moved(sc)
+    kept, moved, heads = s.kept_and_moved(sc)
     v = sc.to_host()
-    for i, (p, q, a) in enumerate(zip(kept, moved, after, strict=True)):
+    for i, (p, q, h, a) in enumerate(zip(kept, moved, heads, after, strict=True)):
         assert abs(v[p] - _norm(a)) <= 1e-5 * max(1.0, _norm(a))
+        assert v[h] == v[p]  # the edit check reads the whole slice by default
         now = _memory_order(weights[i]).reshape(-1)[:SIZE]
         assert abs(v[q] - _norm(now - a)) <= 1e-5 * max(1.0, _norm(now - a))
         assert (v[q] > 0) == (i == 1)
@@ -77,5 +78,39 @@ def test_a_channels_last_slice_is_a_view_in_memory_order_and_a_gappy_one_is_read
     sc = Scalars()
     with torch.no_grad():
         gappy.mul_(2.0)
-    _, moved = s.kept_and_moved(sc)
+    _, moved, _ = s.kept_and_moved(sc)
     assert sc.to_host()[moved[0]] > 0, "a weight whose memory has gaps is followed too"
+
+
+def test_slices_of_one_length_normed_together_and_lone_ones_normed_alike() -> None:
+    """Slices of one length, `STACKED` or more of them, are normed in one op over their
+    2-D view, the others in one `_foreach_norm`: each norm still lands where its weight's
+    position says. The edit check reads each slice's first `edit` elements."""
+    torch.manual_seed(1)
+    weights = [torch.randn(8, 16) for _ in range(STACKED + 1)] + [torch.randn(7),
+                                                                  torch.randn(5, 3)]
+    weights.insert(2, torch.randn(9))
+    edit = 8
+    first = [w.reshape(-1)[:SIZE].clone() for w in weights]
+    s = Slices(weights, SIZE, edit)
+    before = s.take()
+    sc = Scalars()
+    pos = s.norms(sc, before)
+    with torch.no_grad():
+        for k, w in enumerate(weights):
+            w.add_(0.1 * (k + 1))
+    after = [w.reshape(-1)[:SIZE].clone() for w in weights]
+    s.keep()
+    moved = s.moved(sc, before)
+    with torch.no_grad():
+        weights[3].mul_(2.0)
+        weights[0].reshape(-1)[edit:].add_(1.0)  # beyond what the edit check reads
+    kept, edited, heads = s.kept_and_moved(sc)
+    v = sc.to_host()
+    for i, w in enumerate(weights):
+        now = w.reshape(-1)[:edit]
+        for p, x in ((pos[i], first[i]), (moved[i], after[i] - first[i]),
+                     (kept[i], after[i]), (edited[i], now - after[i][:edit]),
+                     (heads[i], after[i][:edit])):
+            assert abs(v[p] - _norm(x)) <= 1e-5 * max(1.0, _norm(x)), i
+    assert [v[p] > 0 for p in edited] == [i == 3 for i in range(len(weights))]
