@@ -3,16 +3,6 @@
 Recording appends to it, detection reads it, reports save and load it.
 """
 
-from .columns import (
-                      EDIT_PROBE,
-                      HOOK_GAP,
-                      LAYER_COLUMNS,
-                      REAPPLIED,
-                      ROLES,
-                      WEIGHT_PROBE,
-                      LayerInfo,
-                      Trace,
-)
+from .columns import HOOK_GAP, LAYER_COLUMNS, REAPPLIED, ROLES, WEIGHT_PROBE, LayerInfo, Trace
 
-__all__ = ["EDIT_PROBE", "HOOK_GAP", "LAYER_COLUMNS", "REAPPLIED", "ROLES", "WEIGHT_PROBE",
-           "LayerInfo", "Trace"]
+__all__ = ["HOOK_GAP", "LAYER_COLUMNS", "REAPPLIED", "ROLES", "WEIGHT_PROBE", "LayerInfo", "Trace"]
