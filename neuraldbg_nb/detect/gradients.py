@@ -121,7 +121,10 @@ def converged(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     gradient from 7.3e-3 to 5.3e-7: not a vanishing gradient). Or as far below the run's
     first loss: there the residual the gradients come from is next to nothing, however
     long ago it got there (full-batch Rprop fits two spirals from 0.687 to 5e-5 in 100
-    steps, before there is a level 200 steps back, and then sits at the float32 floor). Or
+    steps, before there is a level 200 steps back, and then sits at the float32 floor);
+    so is a step whose own loss is (a classifier fitted exactly reads a loss of 0 at most
+    steps and 1e-9 at a few: the zeros have no logarithm, and the level of the few is not
+    yet known at those). Or
     a loss of exactly 0 at that step: an exact fit (a hinge loss once every margin is
     met), whose gradients are exactly 0 because nothing is left to learn, not because the
     loss does not reach the layers; judged at that step only, so a failure after it is
@@ -133,9 +136,9 @@ def converged(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
     first = trace.first_loss
     start = np.log10(first) if np.isfinite(first) and first > 0 else np.nan
     line = -np.log10(CONVERGED)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         return ((level - lagged(level, th.trend) <= line) | (level - start <= line))[:, 0] \
-            | (loss == 0)
+            | (loss == 0) | (np.log10(loss) - start <= line)
 
 
 def starting(g: np.ndarray, lo: int, window: int) -> np.ndarray:

@@ -20,14 +20,16 @@
 - A loop that clears the gradients between the backward and the optimizer's step
   (`zero_grad()` after `backward()`), or whose loss does not depend on the model, trains
   nothing: every gradient is missing at the step, and detectors of gradients see no
-  numbers at all. The probe tells it (`grads_missing`); an error.
+  numbers at all. The probe tells it (`grads_missing`); an error. So is every gradient
+  exactly 0 at the step (`trace.ZEROED`: zeroed in place, clipped to a norm of 0) where
+  the loss is not 0, which an exact fit's is.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..trace.columns import REAPPLIED, Trace
+from ..trace.columns import REAPPLIED, ZEROED, Trace
 from .scan import ERROR, WARNING, Finding, grade
 from .thresholds import Thresholds
 
@@ -55,6 +57,12 @@ def _repeat_message(name: str, step: int, v: float, previous: float, severity: s
 
 
 def _missing_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    if v == ZEROED:
+        return (f"every gradient was exactly 0 at the optimizer's steps from step {step}, "
+                f"though backward ran and the loss is not 0: nothing trains. The gradients "
+                f"were zeroed or scaled to 0 between backward() and the step "
+                f"(zero_grad() after backward(), clip_grad_norm_ with a max_norm of 0, a "
+                f"loss multiplied by 0): zero them before backward(), clip to a norm above 0")
     return (f"no gradient reached the model's weights at the optimizer's steps from step "
             f"{step}, though backward ran: nothing trains. The gradients were cleared "
             f"between backward() and the step (zero_grad() belongs before backward()), or "
@@ -95,7 +103,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     repeated = (carried == REAPPLIED).astype(np.float64)
     repeated[np.isnan(carried)] = np.nan
     carried = np.where(carried == REAPPLIED, 0.0, carried)
-    missing = trace.scalar("grads_missing", lo, stop)[:, None]
+    missing = trace.scalar("grads_missing", lo, stop)[:, None].copy()
+    # gradients all exactly 0 at an exact fit (a loss of 0): nothing is left to learn
+    missing[(missing[:, 0] == ZEROED) & (trace.scalar("loss", lo, stop) == 0)] = 0.0
     return [
         Finding("eval_mode", "mode", grade(~np.isnan(n), (n > 0, WARNING), (long_held, ERROR)),
                 n, per_layer=False,

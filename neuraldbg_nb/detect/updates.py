@@ -339,7 +339,7 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     rounded = _rounded(unmoved, judged & pushed, lr, lo, th)
     model = _whole_model(np.where(negligible, WARNING, codes).astype(np.int8), codes,
                          rounded.codes, judged & np.isfinite(grad),
-                         np.isfinite(grad).sum(axis=1), lr, lo)
+                         np.isfinite(grad).sum(axis=1), lr, lo, trace)
     model = replace(model, began=_tiny_since(trace, model.codes, lo))
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
@@ -369,8 +369,8 @@ def _tiny_since(trace: Trace, codes: np.ndarray, lo: int) -> Callable[[int, int]
 
 
 def _whole_model(stalled: np.ndarray, stalled_exactly: np.ndarray, rounded: np.ndarray,
-                 trained: np.ndarray,
-                 with_grad: np.ndarray, lr: np.ndarray, lo: int) -> Finding:
+                 trained: np.ndarray, with_grad: np.ndarray, lr: np.ndarray, lo: int,
+                 trace: Trace) -> Finding:
     """The whole model stopped learning: at a sampled update, every layer judged that had
     a gradient was left as it was (`stalled`: exactly, or by less than `NEGLIGIBLE` of its
     size, which counts only at a learning rate below `TOO_SMALL`; `rounded`: its
@@ -407,10 +407,16 @@ def _whole_model(stalled: np.ndarray, stalled_exactly: np.ndarray, rounded: np.n
                    f"{fmt(rate)} (updates below about 1/256 of a weight in bfloat16). Keep "
                    f"the weights in float32 and run the forward under torch.autocast, or "
                    f"raise the learning rate")
-        else:
-            why = (f"the learning rate is {fmt(rate)}{_since(lr, row, lo)}: a scheduler "
-                   f"stepped per batch instead of per epoch, or a decay far too strong. "
-                   f"Step the scheduler once per epoch, or raise the learning rate")
+        elif (since := _since(lr, row, lo)) or trace.full_from > 0 or np.nanmax(
+                trace.scalar("lr", 0, s + 1), initial=0.0) >= TOO_SMALL:
+            why = (f"the learning rate is {fmt(rate)}{since}: a scheduler stepped per batch "
+                   f"instead of per epoch, or a decay far too strong. Step the scheduler "
+                   f"once per epoch, or raise the learning rate")
+        else:  # about 0 at every step of the run
+            why = (f"the learning rate is {fmt(rate)} from the start: the optimizer was "
+                   f"given a learning rate of about 0 (a typo, a setting read as 0, a "
+                   f"schedule that starts at 0 and never rises). Give it the learning rate "
+                   f"the recipe means")
         how = "exactly as they were" if 0 <= row < len(exact) and exact[row] else \
             f"as they were (moved by less than {NEGLIGIBLE:g} of their size)"
         return (f"the whole model stopped learning from step {s}: the updates leave the "

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..trace.columns import HOOK_GAP, Trace
+from ..trace.columns import HOOK_GAP, ZEROED, Trace
 from . import reductions, step_row
 from .backward import Backwards
 from .discovery import Candidate, Models
@@ -183,6 +183,8 @@ class Boundary:
             # (`p.grad.zero_()` after its update): not measured, rather than 0
             row["grad_norm"] = np.full(n, math.nan, np.float32)
             self.zeroed_before_step = True
+        elif missing == 0.0 and all(v[p] == 0.0 for p in g_pos):  # (stops at the first
+            missing = ZEROED  # that is not: at once, in a step that trains)
         unheld = None if opt is None or self._steps.input_trained else \
             self._steps.membership.column(self._models, n)
         if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)

@@ -75,9 +75,12 @@ def input_batch(x: torch.Tensor, rich: bool, into: reductions.Scalars, ramps: Ra
     flat = reductions.dense(xf)
     flat = (xf.contiguous() if flat is None else flat).view(-1)
     mn, mx = reductions.min_max(flat)
-    pos = {"min": into.add(mn), "max": into.add(mx),
-           "sum": into.add(flat.sum(dtype=reductions.acc_dtype(flat))),
-           "print": into.add(_weighed(flat, ramps))}
+    values = (mn, mx, flat.sum(dtype=reductions.acc_dtype(flat)), _weighed(flat, ramps))
+    if all(v.dtype == mn.dtype for v in values):  # (a float32 batch) stacked in one op
+        start = into.extend(list(values), one_device=True)
+        pos = {"min": start, "max": start + 1, "sum": start + 2, "print": start + 3}
+    else:
+        pos = dict(zip(("min", "max", "sum", "print"), map(into.add, values), strict=True))
     if rich:
         pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=reductions.acc_dtype(flat)))
         pos["nonzero"] = into.add(torch.count_nonzero(flat))

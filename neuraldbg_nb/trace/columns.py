@@ -30,6 +30,12 @@ EDIT_PROBE = 256
 assigned) moves every part it touches, and reading it at every step costs a copy and a
 pass of this many elements per weight instead of the whole slice."""
 
+ZEROED = 2.0
+"""`grads_missing` where a backward ran and every trained weight had a gradient at the
+optimizer's step, each one exactly 0: zeroed in place or scaled to 0 between the
+backward and the step (`zero_grad(set_to_none=False)` after `backward()`, clipping to a
+norm of 0)."""
+
 HOOK_GAP = 10
 """The steps whose layer hooks are on (`hooked`) are at most this many apart: a recording
 promise that the activation baselines count on (`detect.regime.MEASURED_WARMUP`: a window
@@ -85,7 +91,8 @@ STEP_COLUMNS: tuple[str, ...] = (
                      # see `record.carried.CarryCheck`;
                      # `REAPPLIED`: the last step's, applied again)
     "grads_missing",  # 1: a backward ran, but no weight had a gradient at the optimizer's
-                      # step (see `record.optimizer.missing_gradients`)
+                      # step (see `record.optimizer.missing_gradients`); ZEROED: every
+                      # weight had one, and all of them were exactly 0
     "others_carried",  # `grad_carried` for the other optimizers that stepped since the last
                        # boundary (a GAN's second), the worst of them
                        # (`record.carried.OtherCarries`)

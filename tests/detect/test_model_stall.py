@@ -76,3 +76,11 @@ def test_a_learning_rate_that_moved_weights_when_last_judged_bounds_the_start():
     _, events = detect(build(LAYERS, cols, scalars))
     (model,) = of(events, "weights_not_updated", None, "model")
     assert model.step == 30
+
+
+def test_a_learning_rate_of_about_0_from_the_start_is_named_as_given_not_as_a_schedule():
+    cols, scalars = _stalled(0, [0, 1, 2], np.full(N, 0.0))
+    _, events = detect(build(LAYERS, cols, scalars))
+    (model,) = of(events, "weights_not_updated", None, "model")
+    assert "learning rate is 0 from the start" in model.message, model.message
+    assert "per batch" not in model.message

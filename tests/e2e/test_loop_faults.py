@@ -379,3 +379,37 @@ def test_an_optimizer_stepped_twice_per_backward_is_a_warning_where_it_began():
             run.step()
     assert run.trace.n_steps == 20
     assert not [e for e in run.events if e.kind == "step_repeated"]
+
+
+@pytest.mark.parametrize("how", ["clipped to a norm of 0", "zeroed in place after backward"])
+def test_gradients_all_exactly_0_at_the_step_are_the_first_failure(how):
+    """Every gradient exactly 0 at the optimizer's step while the loss is not: clipped
+    with a max_norm of 0 (a setting meant as "no clipping"), or zeroed in place between
+    backward() and step(). Nothing trains; the loop is the first failure at step 0. The
+    same loop clipping to a norm of 1, or zeroing before the backward, is quiet."""
+    def loop(model: nn.Module, steps: int, bug: bool) -> None:
+        x, y = task_batches()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for step in range(steps):
+            if not bug:
+                opt.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x[step]), y[step]).backward()
+            if how.startswith("clipped"):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.0 if bug else 1.0)
+            elif bug:
+                opt.zero_grad(set_to_none=False)
+            opt.step()
+
+    model = relu_mlp()
+    before = [p.detach().clone() for p in model.parameters()]
+    with ndbg.watch(model, report=False) as run:
+        loop(model, 20, bug=True)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    first = run.first_failure
+    assert (first.kind, first.step, first.layer) == ("no_gradients", 0, None), first
+    assert "every gradient was exactly 0" in first.message
+    model = relu_mlp()
+    with ndbg.watch(model, report=False) as healthy:
+        loop(model, 20, bug=False)
+    assert_no_errors(healthy)
+    assert not [e for e in healthy.events if e.kind == "no_gradients"]
