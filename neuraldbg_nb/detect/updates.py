@@ -10,6 +10,7 @@ forward first uses them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -328,10 +329,9 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         text = (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
                 f"though their gradient norm is {fmt(v)}: ")
-        row = s + 1 - lo
-        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        rate = _lr_at(trace, s)
         if rate < TOO_SMALL:  # (NaN is not)
-            return text + f"the learning rate is {fmt(rate)}{_since(lr, row, lo)}"
+            return text + f"the learning rate is {fmt(rate)}{_since(trace, s)}"
         return text + ("they are not in the optimizer, or their learning rate is 0 (if "
                        "they are meant to stay as they are, requires_grad_(False) saves "
                        "computing their gradients)")
@@ -340,25 +340,26 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     model = _whole_model(np.where(negligible, WARNING, codes).astype(np.int8), codes,
                          rounded.codes, judged & np.isfinite(grad),
                          np.isfinite(grad).sum(axis=1), lr, lo, trace)
-    model = replace(model, began=_tiny_since(trace, model.codes, lo))
+    model = replace(model, began=_tiny_since(trace, per_layer=False))
     return [Finding("weights_not_updated", "update", codes, grad, message=message,
                     recovery=lambda n, s, v, p, sev: f"{n}: weights updated again at step {s}",
-                    step_offset=-1, began=_tiny_since(trace, codes, lo)),
+                    step_offset=-1, began=_tiny_since(trace, per_layer=True)),
             rounded, model]
 
 
-def _tiny_since(trace: Trace, codes: np.ndarray, lo: int) -> Callable[[int, int], int]:
+def _tiny_since(trace: Trace, per_layer: bool) -> Callable[[int, int], int]:
     """`Finding.began` for updates that stopped moving the weights at a learning rate
     below `TOO_SMALL`: the update size is read on sampled steps, the learning rate on
     every step, so the stall began where the learning rate last fell below `TOO_SMALL`,
-    and not before the last row judged moving (`codes`: the rows read from `lo`). A StepLR stepped per batch drops below it between
-    two samples; the sample after is up to `sample_every` steps late."""
+    and not before the update measured last before the one that showed it (that one
+    was not yet two still updates in a row; it may have been the first). Read from the
+    trace alone, so a live scan in chunks dates it as a scan in one go does."""
     def began(j: int, seen: int) -> int:
-        # a row judged moving: the update it judges moved, or the one before did (two
-        # still updates in a row make a stall), so the stall began at that update at
-        # the earliest
-        moving = np.flatnonzero(codes[:seen + 1 - lo, j] == OK)
-        floor = max(lo + int(moving[-1]) - 1 if len(moving) else lo, trace.full_from)
+        lo = trace.full_from
+        upd = trace.col("update_ratio", lo, seen)
+        measured = ~np.isnan(upd[:, j] if per_layer else upd).reshape(len(upd), -1).any(1)
+        before = np.flatnonzero(measured)
+        floor = lo + int(before[-1]) if len(before) else lo
         lr = trace.scalar("lr", floor, seen + 1).astype(np.float64)
         if not len(lr) or not lr[-1] < TOO_SMALL:  # (NaN: no learning rate read)
             return seen
@@ -399,15 +400,18 @@ def _whole_model(stalled: np.ndarray, stalled_exactly: np.ndarray, rounded: np.n
     codes = codes[:, None]
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
-        row = s + 1 - lo
-        rate = lr[row] if 0 <= row < len(lr) else np.nan
+        # the row of the verdict: the first judged from the step's (a stall dated from
+        # where the learning rate fell is judged at the sample after it, `Finding.began`)
+        judged = np.flatnonzero(complete[max(s + 1 - lo, 0):])
+        row = max(s + 1 - lo, 0) + int(judged[0]) if len(judged) else -1
+        rate = _lr_at(trace, s)
         layers = f"{v:.0f} layer{'s' * (v != 1)}"
         if 0 <= row < len(half) and half[row]:
             why = (f"their half-precision updates round away at a learning rate of "
                    f"{fmt(rate)} (updates below about 1/256 of a weight in bfloat16). Keep "
                    f"the weights in float32 and run the forward under torch.autocast, or "
                    f"raise the learning rate")
-        elif (since := _since(lr, row, lo)) or trace.full_from > 0 or np.nanmax(
+        elif (since := _since(trace, s)) or trace.full_from > 0 or np.nanmax(
                 trace.scalar("lr", 0, s + 1), initial=0.0) >= TOO_SMALL:
             why = (f"the learning rate is {fmt(rate)}{since}: a scheduler stepped per batch "
                    f"instead of per epoch, or a decay far too strong. Step the scheduler "
@@ -442,12 +446,23 @@ instead of per epoch takes 1e-3 to 2.5e-11 in 60 steps: "their learning rate is 
 be wrong."""
 
 
-def _since(lr: np.ndarray, row: int, lo: int) -> str:
-    """Where the learning rate at `row` took its value, from the rows read: " since step
-    k (was x)" when it fell to it in one step from a level it held (set by hand, a
-    schedule's one drop), ", down from x at step k" when it decayed to it from there (a
-    per-batch schedule: its drops, and the steps between them), or nothing when it was
-    so from the start."""
+def _lr_at(trace: Trace, step: int) -> float:
+    """The learning rate of `step` (NaN where the trace no longer holds it exactly)."""
+    if not trace.full_from <= step < trace.n_steps:
+        return math.nan
+    return float(trace.scalar("lr", step, step + 1)[0])
+
+
+def _since(trace: Trace, step: int) -> str:
+    """Where the learning rate of `step` took its value, from the steps the trace holds:
+    " since step k (was x)" when it fell to it in one step from a level it held (set by
+    hand, a schedule's one drop), ", down from x at step k" when it decayed to it from
+    there (a per-batch schedule: its drops, and the steps between them), or nothing when
+    it was so from the first step held. Read from the trace, not a scan's rows, so a live
+    scan in chunks says what a scan in one go does."""
+    lo = trace.full_from
+    lr = trace.scalar("lr", lo, step + 1).astype(np.float64)
+    row = step - lo
     before = np.flatnonzero(np.isfinite(lr[:row]) & (lr[:row] >= TOO_SMALL))
     if not len(before):
         return ""
@@ -458,8 +473,8 @@ def _since(lr: np.ndarray, row: int, lo: int) -> str:
     while j < k and lr[j + 1] == lr[j]:  # the fall begins where its first level ends
         j += 1
     if j == k:
-        return f" since step {k + lo} (was {fmt(lr[k])})"
-    return f", down from {fmt(lr[j])} at step {j - 1 + lo}"
+        return f" since step {k + 1 + lo} (was {fmt(lr[k])})"
+    return f", down from {fmt(lr[j])} at step {j + lo}"
 
 
 def _rounded(unmoved: np.ndarray, judged: np.ndarray, lr: np.ndarray, lo: int,

@@ -84,3 +84,25 @@ def test_a_learning_rate_of_about_0_from_the_start_is_named_as_given_not_as_a_sc
     (model,) = of(events, "weights_not_updated", None, "model")
     assert "learning rate is 0 from the start" in model.message, model.message
     assert "per batch" not in model.message
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_a_stall_between_samples_far_apart_is_dated_alike_in_chunks(chunk):
+    """Updates sampled 25 steps apart, the learning rate below `TOO_SMALL` from step 28:
+    the stall the sample at step 50 shows is dated from step 28, by a live scan in chunks
+    (which reads fewer steps of history than the samples are apart) as by a scan in one
+    go."""
+    g = noisy(0.1, cols=3)
+    upd = np.full((N, 3), np.nan)
+    upd[::25] = 1e-3
+    upd[50] = 0.0
+    w = 5.0 + np.cumsum(np.full((N, 3), 1e-3), 0)
+    w[28:] = w[28]
+    lr = np.where(np.arange(N) < 28, 1e-3, 1e-12)
+    cols = {"grad_norm": g, "update_ratio": upd, "param_norm": w}
+    scalars = {"loss": np.ones(N), "lr": lr}
+    _, events = detect(build(LAYERS, cols, scalars))
+    (model,) = of(events, "weights_not_updated", None, "model")
+    assert model.step == 28, model
+    _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+    assert [same(e) for e in det.events] == [same(e) for e in events]
