@@ -183,8 +183,10 @@ class Boundary:
             # (`p.grad.zero_()` after its update): not measured, rather than 0
             row["grad_norm"] = np.full(n, math.nan, np.float32)
             self.zeroed_before_step = True
-        elif missing == 0.0 and all(v[p] == 0.0 for p in g_pos):  # (stops at the first
-            missing = ZEROED  # that is not: at once, in a step that trains)
+        elif missing == 0.0 and all(v[p] == 0.0 for p in g_pos):
+            # every gradient exactly 0 at the step: none can move a weight (the test stops
+            # at the first that is not 0, at once in a step that trains)
+            missing = ZEROED
         unheld = None if opt is None or self._steps.input_trained else \
             self._steps.membership.column(self._models, n)
         if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)

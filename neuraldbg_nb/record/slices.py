@@ -22,7 +22,6 @@ Run = tuple[int, int, int]
 """Slices of one length, side by side in a flat buffer: (offset, how many, length)."""
 
 
-
 def flat_slice(w: torch.Tensor, size: int) -> tuple[torch.Tensor, bool]:
     """The first `size` elements of `w` in its memory order, as a 1-D view where there is
     one (contiguous, channels-last, transposed), and whether it must be flattened again
@@ -69,7 +68,7 @@ class _Group:
         self._lone = [(o + j * n, n) for r, j in self.where
                       for o, k, n in (self.runs[r],) if k < STACKED]  # (offset, length)
         self._lone_kept = self.lone_views(self.kept)
-        self._layout: list[int] | None = None
+        self._layouts: dict[int, list[list[int]]] = {}
         # the edit check's copy: the first `edit` elements of each slice, run by run
         self._edit = edit
         self._edit_runs = []  # per run: (offset in the edit buffer, length read)
@@ -87,7 +86,6 @@ class _Group:
              for r, j in lone],
             [self.edits[self._edit_runs[r][0] + j * self._edit_runs[r][1]:]
              [:self._edit_runs[r][1]] for r, j in lone])
-        self._edit_layout: list[tuple[int, int, int]] | None = None
 
     def edit_parts(self) -> list[torch.Tensor]:
         """The first `edit` elements of each slice now, as the views `torch.cat` reads."""
@@ -96,7 +94,7 @@ class _Group:
         return [t.reshape(-1)[:self._edit] if again else t[:self._edit]
                 for t, again in self._sources]
 
-    def kept_and_moved(self, sc: Scalars) -> list[tuple[int, int, int]]:
+    def kept_and_moved(self, sc: Scalars) -> list[list[int]]:
         """Positions on `sc`, per slice in buffer order, of the norms of (the kept copy,
         how far the first `edit` elements moved since it was kept, those elements as
         kept): their current values are copied in one op and the kept ones taken off;
@@ -116,30 +114,30 @@ class _Group:
             torch._foreach_sub_(nows, heads)
             sc.extend(list(torch._foreach_norm(self._lone_kept + nows + heads, 2,
                                                dtype=self.wide)), one_device=True)
-        if self._edit_layout is None:
-            self._edit_layout = self._edit_positions(3)
-        return [(base + a, base + b, base + c) for a, b, c in self._edit_layout]
+        return [[base + x for x in at] for at in self._layout(3)]
 
-    def _edit_positions(self, per_run: int = 3) -> list[tuple[int, int, int]]:
-        """Where `kept_and_moved` (`per_run` 3) or `norms` (1) puts each slice's norms,
-        counted from its first value: each stacked run's rows `per_run` times in turn,
-        then the lone slices' as many times."""
-        run_at: dict[int, int] = {}
-        at = 0
-        for r in self.stacked:
-            run_at[r] = at
-            at += per_run * self.runs[r][1]
-        lone = len(self._lone)
-        out: list[tuple[int, int, int]] = []
-        seen = 0
-        for r, j in self.where:
-            if r in run_at:
-                k = self.runs[r][1]
-                out.append((run_at[r] + j, run_at[r] + k + j, run_at[r] + 2 * k + j))
-            else:
-                out.append((at + seen, at + lone + seen, at + 2 * lone + seen))
-                seen += 1
-        return out
+    def _layout(self, passes: int) -> list[list[int]]:
+        """Where `norms` (1 pass) or `kept_and_moved` (3) puts each slice's norms, per
+        slice in buffer order, counted from the first value: each stacked run's rows
+        `passes` times in turn, then the lone slices' as many times. Worked out once."""
+        if passes not in self._layouts:
+            run_at: dict[int, int] = {}
+            at = 0
+            for r in self.stacked:
+                run_at[r] = at
+                at += passes * self.runs[r][1]
+            lone = len(self._lone)
+            out: list[list[int]] = []
+            seen = 0
+            for r, j in self.where:
+                if r in run_at:
+                    k = self.runs[r][1]
+                    out.append([run_at[r] + q * k + j for q in range(passes)])
+                else:
+                    out.append([at + q * lone + seen for q in range(passes)])
+                    seen += 1
+            self._layouts[passes] = out
+        return self._layouts[passes]
 
     def lone_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """The slices of `flat` (the buffer, or a copy like it) that are not in a stacked
@@ -158,9 +156,7 @@ class _Group:
         if self._lone:
             views = self._lone_kept if flat is self.kept else self.lone_views(flat)
             sc.extend(list(torch._foreach_norm(views, 2, dtype=self.wide)), one_device=True)
-        if self._layout is None:
-            self._layout = [p for p, _, _ in self._edit_positions(1)]
-        return [base + x for x in self._layout]
+        return [base + at[0] for at in self._layout(1)]
 
     def parts(self) -> list[torch.Tensor]:
         """The slices' current values, as the views `torch.cat` reads."""
