@@ -177,16 +177,15 @@ class Boundary:
         norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
                                          *moves], n)
         row["grad_norm"] = norms[0]
-        if opt is None and with_grad and self._backwards.any_heard \
-                and (norms[0][[i for _, i in with_grad]] == 0).all():
-            # a step closed by hand after the loop zeroed every gradient in place
-            # (`p.grad.zero_()` after its update): not measured, rather than 0
-            row["grad_norm"] = np.full(n, math.nan, np.float32)
-            self.zeroed_before_step = True
-        elif missing == 0.0 and all(v[p] == 0.0 for p in g_pos):
-            # every gradient exactly 0 at the step: none can move a weight (the test stops
-            # at the first that is not 0, at once in a step that trains)
-            missing = ZEROED
+        # every gradient exactly 0 after a backward (the test stops at the first that is
+        # not 0: at once, in a step that trains)
+        if with_grad and self._backwards.any_heard and all(v[p] == 0.0 for p in g_pos):
+            if opt is None:  # a step closed by hand after the loop zeroed them in place
+                # (`p.grad.zero_()` after its update): not measured, rather than 0
+                row["grad_norm"] = np.full(n, math.nan, np.float32)
+                self.zeroed_before_step = True
+            elif missing == 0.0:  # at the optimizer's step: none can move a weight
+                missing = ZEROED
         unheld = None if opt is None or self._steps.input_trained else \
             self._steps.membership.column(self._models, n)
         if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)
