@@ -18,9 +18,11 @@ blame, since they are someone's deliberate change rather than a failure:
   that did not move: the gradient is what failed ("gradient");
 - early in the run, the first step's gradients grow by a steady factor per layer toward
   the input (`growth`): the initialisation amplifies the backward signal ("init");
-- the learning rate rose steadily, `RISE` times or more, and was still rising as the
-  failure began (a warm-up that never stops): no single move is large enough to be an
-  "lr_change", yet the updates outgrow what the model bears ("lr_rise");
+- the learning rate rose steadily, `warmup.RISE` times or more, and was still rising as
+  the failure began (a warm-up that never stops, `warmup.rise`): no single move is large
+  enough to be an "lr_change", yet the updates outgrow what the model bears ("lr_rise");
+  where the updates were seen to outgrow the weights first, that is the failure itself
+  (`warmup.findings`);
 - a step schedule stepped per batch had cut the learning rate before the failure
   (`lr_change` with signal "per_batch", a warning at any step up to it): a model that stops
   learning, or a loss held at chance, is what the small rate leaves ("per_batch").
@@ -34,19 +36,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from ..trace.columns import Trace
 from .events import Event
 from .growth import growth
 from .thresholds import Thresholds
+from .warmup import rise
 
 _GRADIENT = ("exploding_gradient", "nonfinite_gradient")
-RISE = 10.0
-"""The factor by which a learning rate that rose steadily up to the first failure has to
-have risen, from its first positive value, to be named as its cause."""
-STEADY_RISE = 0.9
-"""Fraction of the steps up to the failure at which the learning rate did not fall."""
 _NOT_LR = ("data_anomaly", "lr_change", "eval_mode", "grads_not_zeroed", "no_gradients",
            "step_repeated", "not_in_optimizer", "cut_off", "loss_misuse")
 """Kinds of a first failure that a learning rate does not cause: the data, the learning
@@ -123,28 +119,19 @@ def _edited_before(root: Event, trace: Trace, max_update: float) -> list[Cause]:
 
 
 def _lr_rising(root: Event, trace: Trace, lookback: int) -> list[Cause]:
-    """The learning rate rose `RISE` times or more from its first positive value, not
-    falling at `STEADY_RISE` of the steps, and still rose in the `lookback` steps up to
-    the first failure: a warm-up that never ends, named with its path (the first positive
-    value, the halfway step, the failure's step)."""
-    steps, lr = trace.history("lr")
-    keep = (steps <= root.step) & np.isfinite(lr)
-    steps, lr = steps[keep], lr[keep]
-    positive = np.flatnonzero(lr > 0)
-    if root.kind in _NOT_LR or len(positive) < 2 * lookback:
+    """The learning rate in a steady rise up to the first failure (`warmup.rise`): a
+    warm-up that never ends, named with its path, where the failure is not one a
+    learning rate does not cause (the rise's own event among them)."""
+    grown = None if root.kind in _NOT_LR else rise(trace, root.step, lookback)
+    if grown is None:
         return []
-    steps, lr = steps[positive[0]:], lr[positive[0]:]
-    recent = lr[steps >= root.step - lookback]
-    if not (lr[-1] >= RISE * lr[0] and len(recent) > 1 and recent[-1] > recent[0]
-            and np.mean(np.diff(lr) >= 0) >= STEADY_RISE):
-        return []
-    mid = int(np.searchsorted(steps, (steps[0] + steps[-1]) / 2))
-    path = " -> ".join(f"{lr[i]:.3g} at step {steps[i]}" for i in (0, mid, len(lr) - 1))
-    return [Cause("lr_rise", int(steps[0]), None, float(lr[-1]), float(lr[0]),
-                  f"the learning rate rose {lr[-1] / lr[0]:.0f}x without stopping ({path}), "
-                  f"and was still rising as the failure began: a warm-up that never ends "
-                  f"is a likely cause; cap it (LambdaLR(opt, lambda s: min(1.0, (s + 1) / "
-                  f"warmup_steps)), or LinearLR followed by a constant schedule)")]
+    return [Cause("lr_rise", int(grown.steps[0]), None, float(grown.lr[-1]),
+                  float(grown.lr[0]),
+                  f"the learning rate rose {grown.factor:.0f}x without stopping "
+                  f"({grown.path}), and was still rising as the failure began: a warm-up "
+                  f"that never ends is a likely cause; cap it (LambdaLR(opt, lambda s: "
+                  f"min(1.0, (s + 1) / warmup_steps)), or LinearLR followed by a constant "
+                  f"schedule)")]
 
 
 def _gradient(events: list[Event], root: Event, trace: Trace, th: Thresholds) -> list[Cause]:

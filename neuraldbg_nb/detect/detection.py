@@ -17,6 +17,7 @@ from . import (
     membership,
     regime,
     updates,
+    warmup,
 )
 from .baseline import BaselineCache
 from .events import Event
@@ -47,6 +48,7 @@ DETECTORS: tuple[tuple[Detector, Callable[[Thresholds], int]], ...] = (
     (updates.findings, _recent),
     (updates.lr_findings, updates.per_batch_history),
     (updates.stall_findings, _recent),
+    (warmup.findings, warmup.history),
     (loss.findings, _trend),
     (loss_form.findings, _recent),
     (loss_form.chance_findings, loss_form.chance_history),

@@ -39,7 +39,7 @@ _ACTIVATION = {"nonfinite_activation", "dead_units", "regime_shift"}
 
 def _rank(e: Event) -> int:
     if e.kind in ("data_anomaly", "grads_not_zeroed", "no_gradients", "step_repeated",
-                  "not_in_optimizer", "cut_off", "loss_misuse"):
+                  "not_in_optimizer", "cut_off", "loss_misuse", "lr_change"):
         return 0
     if (e.kind in _ACTIVATION and e.signal == "activation") or e.signal in ("collapse",
                                                                               "edited"):

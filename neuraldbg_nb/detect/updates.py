@@ -91,6 +91,31 @@ def _growing(born: np.ndarray, history: int) -> np.ndarray:
     return (last >= 0) & (rows - last < min(GROWING, history))
 
 
+def _born(trace: Trace, after: np.ndarray, before: np.ndarray, ratio: np.ndarray, lo: int,
+          th: Thresholds) -> np.ndarray:
+    """Rows judging an update from weights that were all zeros, or next to nothing at the
+    run's start (`TINY`), before it (`GROWING`): measured so at a sampled step (an
+    infinite `ratio`), or read so from the norms of every step (a warm-up whose first
+    learning rate is 0, or a layer behind another zero-initialised one, first moves at a
+    step not sampled). `after`, `before`, `ratio`: as `findings` reads them."""
+    born = np.isposinf(ratio)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # no norm is read before the run's first update: at most after / (ratio - 1)
+        start = np.where(np.isnan(before) & (ratio > 1) & ~born, after / (ratio - 1), before)
+        early = (np.arange(len(ratio)) + lo < th.window)[:, None]
+        return born | ((before == 0) | (early & _tiny(trace, start))) & ~(after <= before) \
+            & np.isfinite(after)
+
+
+def growing(trace: Trace, lo: int, stop: int, th: Thresholds) -> np.ndarray:
+    """Rows (each judging the update of the step before) at which a layer grows from
+    nothing (`GROWING`), per layer: its updates there are not judged by their size."""
+    w = trace.col("param_norm", lo, stop).astype(np.float64)
+    upd = trace.col("update_ratio", lo, stop).astype(np.float64)
+    born = _born(trace, lagged(w, 1), lagged(w, 2), lagged(upd, 1), lo, th)
+    return _growing(born, th.window + 2) if born.any() else np.zeros_like(born)
+
+
 def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """Updates that move a layer's weights by `max_update` or more of their norm, or make
     them non-finite. Not judged by size: the updates right after all-zero weights
@@ -103,18 +128,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     n = w.shape[0]
     # row t judges the update of step t-1: norm after it (w[t-1]) vs norm before (w[t-2])
     after, before, ratio = lagged(w, 1), lagged(w, 2), lagged(upd, 1)
-    # the weights were all zeros (or next to nothing: `TINY`) before it (`GROWING`):
-    # measured so at a sampled step, or read so from the norms of every step (a warm-up
-    # whose first learning rate is 0, or a layer behind another zero-initialised one,
-    # first moves at a step not sampled)
-    born = np.isposinf(ratio)
-    ratio[born] = np.nan
-    with np.errstate(invalid="ignore", divide="ignore"):
-        # no norm is read before the run's first update: at most after / (ratio - 1)
-        start = np.where(np.isnan(before) & (ratio > 1), after / (ratio - 1), before)
-        early = (np.arange(n) + lo < th.window)[:, None]  # at the run's start (`TINY`)
-        born |= ((before == 0) | (early & _tiny(trace, start))) & ~(after <= before) \
-            & np.isfinite(after)
+    born = _born(trace, after, before, ratio, lo, th)
+    ratio[np.isposinf(ratio)] = np.nan
+    early = (np.arange(n) + lo < th.window)[:, None]  # at the run's start (`TINY`)
     with np.errstate(divide="ignore", invalid="ignore"):
         change = np.where(before > 1e-12, np.abs(after - before) / before, np.nan)
     change = np.fmax(change, ratio)

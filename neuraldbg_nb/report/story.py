@@ -18,7 +18,8 @@ MAX_LAYERS_LISTED = 4
 SIGNAL_LABELS = {("weights_not_updated", "rounding"): " (half-precision updates round away)",
                  ("vanishing_gradient", "cut"): " (exactly 0: no part of the loss reaches it)",
                  ("exploding_update", "collapse"): " (weights fell in one update)",
-                 ("exploding_update", "shrink"): " (weights shrinking)"}
+                 ("exploding_update", "shrink"): " (weights shrinking)",
+                 ("lr_change", "rise"): " (still rising: updates outgrew the weights)"}
 """What a group's line adds to its kind where one kind has several causes."""
 
 

@@ -201,14 +201,28 @@ def _warmup_run(cap: float | None) -> ndbg.Run:
     return run
 
 
-def test_a_warm_up_that_never_ends_is_the_failures_likely_cause() -> None:
+def test_a_warm_up_that_never_ends_is_the_first_failure_where_updates_outgrow_weights(
+        ) -> None:
+    """The rate rises 0.01 more every step: the model learns, then the updates grow to
+    a tenth of the weights and the loss turns up, some steps before units die. That step
+    is the first failure, with the rate's path; nothing later is blamed on it twice."""
     run = _warmup_run(None)
     root = run.first_failure
     assert root is not None, str(run)
-    causes = [c for c in run.likely_causes if c.kind == "lr_rise"]
-    assert len(causes) == 1, run.likely_causes
-    assert causes[0].value == pytest.approx(0.01 * (1 + root.step), rel=1e-5)
-    assert "without stopping (0.01 at step 0 -> " in causes[0].text
+    assert (root.kind, root.signal) == ("lr_change", "rise"), str(run)
+    assert root.layer in run.trace.layer_names
+    others = [e.step for e in run.events if e.severity == "error" and e.kind != "lr_change"]
+    assert others and root.step < min(others), str(run)
+    assert root.previous == pytest.approx(0.01 * (1 + root.step), rel=1e-5)
+    assert root.value >= 0.1  # a tenth of the weights in one update
+    assert "rose" in root.message and "without stopping (0.01 at step 0 -> " in root.message
+    assert f"the update of step {root.step} moved them by " in root.message
+    assert "the loss turned up" in root.message and "Cap it" in root.message
+    # the loss had fallen below its first level first: the model learned before the rise
+    # outgrew it
+    steps, loss = run.trace.history("loss")
+    assert loss[steps <= root.step].min() < 0.5 * loss[0]
+    assert not [c for c in run.likely_causes if c.kind == "lr_rise"]
 
 
 def test_a_warm_up_that_ends_is_quiet() -> None:

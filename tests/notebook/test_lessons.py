@@ -50,8 +50,7 @@ CLAIMS = {
         r"LESSON OK: data_anomaly \(input_scale\) step 60; with jump=100 the first failure "
         r"becomes a symptom \(loss_divergence step \d+\); healthy run quiet",
     "06_end_to_end.ipynb":
-        r"LESSON OK: data_anomaly step 0; then (regime_shift (conv1|conv2|fc1|fc2)|dead_units "
-        r"relu[123]) step \d+; "
+        r"LESSON OK: data_anomaly step 0; then lr_change (conv1|conv2|fc1|fc2) step \d+; "
         r"fixed run healthy",
     "07_bugs_of_the_loop.ipynb":
         r"LESSON OK: eval_mode step 23; not_in_optimizer fc1 step 0, weights_not_updated "
