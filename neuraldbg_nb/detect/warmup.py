@@ -6,12 +6,16 @@ the learning rate a little every step, for ever. No single move is large enough 
 share of the weights, the loss turns up, and some steps later activations and gradients
 blow up. The blow-up is a symptom: the failure began where the updates outgrew the
 weights while the rate was still rising, and that is where it is named (`findings`), with
-the rate's path. Where that cannot be seen (no loss recorded, a failure of another kind
+the rate's path. Under Adam, whose steps do not grow with the weights, the updates may
+stay under a tenth of them while the loss climbs back for good: named where its level
+over a window has doubled at a rate well past the one it was best at. Where neither can
+be seen (no loss recorded, a failure of another kind
 first), the rise is still said as the first failure's likely cause (`causes`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +45,13 @@ LOSS_UP = 2.0
 have turned up (the level: the median of `LEVEL_STEPS` steps, so that one bad batch of a
 fitted model, 100x its neighbours, is not a turn)."""
 LEVEL_STEPS = 5
+LARGE = 0.01
+"""An update of this share of the weights is large (ten times a healthy one): where the
+updates stay under `OUTGROW` (Adam's steps against weights that grow, LayerNorm after
+them), a loss that has turned up over a whole `window` (the median of `window` steps twice
+its best since the rise began, or more) at a learning rate `PAST_BEST` times the one it was
+best at, with updates this large, is the rise's doing too."""
+PAST_BEST = 1.25
 
 
 @dataclass(frozen=True)
@@ -86,20 +97,33 @@ def rise(trace: Trace, step: int, lookback: int) -> Rise | None:
     return Rise(steps, lr)
 
 
-def _turned_up(trace: Trace, since: int, step: int) -> tuple[float, float] | None:
-    """(lowest level, level at `step`) of the loss, read from `since` on, where the level
-    at `step` is `LOSS_UP` times the lowest or more, the lowest above 0; None otherwise
-    and where the trace holds too few losses."""
+@dataclass(frozen=True)
+class Turn:
+    """The loss's level at a step against its lowest since a rise began."""
+
+    low: float
+    now: float
+    low_step: int
+    """The last step of the window whose level was the lowest."""
+
+
+def _turned_up(trace: Trace, since: int, step: int, width: int) -> Turn | None:
+    """The loss's level at `step` (the median of its `width` steps up to it) against the
+    lowest such level read from `since` on, where it is `LOSS_UP` times that or more and
+    that is above 0; None otherwise and where the trace holds too few losses."""
     lo = max(since, trace.full_from)
-    if step + 1 - lo < 2 * LEVEL_STEPS:
+    if step + 1 - lo < 2 * width:
         return None
     loss = trace.scalar("loss", lo, step + 1).astype(np.float64)
-    levels = np.median(np.lib.stride_tricks.sliding_window_view(loss, LEVEL_STEPS), axis=1)
+    levels = np.median(np.lib.stride_tricks.sliding_window_view(loss, width), axis=1)
     if not np.isfinite(levels).all():
         return None
-    low, now = float(levels[:-1].min()), float(levels[-1])
+    k = int(np.argmin(levels[:-1]))
+    low, now = float(levels[k]), float(levels[-1])
     # a loss that reaches 0 or below (an ELBO, a critic's) has no scale to rise by
-    return (low, now) if low > 0 and now >= LOSS_UP * low else None
+    if not (low > 0 and now >= LOSS_UP * low):
+        return None
+    return Turn(low, now, lo + k + width - 1)
 
 
 def history(th: Thresholds) -> int:
@@ -113,7 +137,9 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """The learning rate in a steady rise (`rise`) as an update moves a layer's weights by
     `OUTGROW` of their size or more and the loss has turned up (`LOSS_UP`) since the rise
     began: an error of each such layer at the update's step (signal "rise"), ranked with
-    the loop's bugs (`rootcause`). Judged on the layers the learning rate is read for (the
+    the loop's bugs (`rootcause`); or as an update moves a layer's by `LARGE` or more and
+    the loss has turned up over a whole `window` at `PAST_BEST` times the rate it was best
+    at: an error of the layer with the largest update. Judged on the layers the learning rate is read for (the
     primary optimizer's), at sampled updates and, every step, by the change of the
     weights' norm; not on weights growing from nothing (`updates.GROWING`). The condition
     ends where the rate stopped rising over `lookback` steps."""
@@ -134,26 +160,48 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         outgrown = np.isfinite(size) & (size >= OUTGROW)
         still = lagged(lr[:, None], max(th.lookback, 1))[:, 0]
         settled = np.isfinite(lr) & np.isfinite(still) & (lr <= still)
+        # the update's learning rate rose over the `lookback` steps before it
+        rising = lagged((lr > still)[:, None].astype(np.float64), 1)[:, 0] > 0
+        large = np.isfinite(size) & (size >= LARGE) & rising[:, None]
     codes = np.where(settled[:, None] & judged[None, :], OK, HOLD).astype(np.int8)
-    said: dict[int, tuple[Rise, tuple[float, float]]] = {}
-    for t in np.flatnonzero(outgrown.any(axis=1)):
+    said: dict[int, tuple[Rise, Turn, float | None]] = {}
+    full = trace.scalar("lr", trace.full_from, stop).astype(np.float64)
+    for t in np.flatnonzero(large.any(axis=1)):
         step = lo + int(t) - 1  # the update's step
         grown = rise(trace, step, th.lookback)
-        turn = _turned_up(trace, int(grown.steps[0]), lo + int(t)) if grown else None
-        if grown is None or turn is None:
+        if grown is None:
             continue
-        codes[t, outgrown[t]] = ERROR
-        said[step] = (grown, turn)
+        since = int(grown.steps[0])
+        turn = _turned_up(trace, since, lo + int(t), LEVEL_STEPS) \
+            if outgrown[t].any() else None
+        if turn is not None:  # the updates outgrew the weights
+            codes[t, outgrown[t]] = ERROR
+            said[step] = (grown, turn, None)
+            continue
+        turn = _turned_up(trace, since, lo + int(t), th.window)
+        past = full[step - trace.full_from] / full[turn.low_step - trace.full_from] \
+            if turn is not None else math.nan
+        if turn is not None and past >= PAST_BEST:  # the largest update, with the loss
+            codes[t, int(np.nanargmax(size[t]))] = ERROR
+            said[step] = (grown, turn, past)
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         if s not in said:  # (each sentence is asked at the scan that found it)
             return (f"{name}: the learning rate rose to {fmt(p)} without stopping, and its "
                     f"update of step {s} moved its weights by {v:.2g} of their size")
-        grown, (low, now) = said[s]
+        grown, turn, past = said[s]
+        if past is None:
+            what = (f"the updates outgrew the weights: the update of step {s} moved them by "
+                    f"{v:.2g} of their size, and the loss turned up ({fmt(turn.low)} -> "
+                    f"{fmt(turn.now)})")
+        else:
+            what = (f"the loss turned up as it rose: its level over {th.window} steps is "
+                    f"{turn.now / turn.low:.1f}x its best since the rise began "
+                    f"({fmt(turn.low)} by step {turn.low_step} -> {fmt(turn.now)}), at a "
+                    f"learning rate {past:.1f}x the one it was best at, and the update of "
+                    f"step {s} moved the weights by {v:.2g} of their size")
         return (f"{name}: the learning rate rose {grown.factor:.0f}x without stopping "
-                f"({grown.path}), and the updates outgrew the weights: the update of step "
-                f"{s} moved them by {v:.2g} of their size, and the loss turned up "
-                f"({fmt(low)} -> {fmt(now)}): a warm-up that never ends, or one that rises "
+                f"({grown.path}), and {what}: a warm-up that never ends, or one that rises "
                 f"past the rate the model bears. Cap it (LambdaLR(opt, lambda s: min(1.0, "
                 f"(s + 1) / warmup_steps)), or LinearLR followed by a constant schedule), "
                 f"at a peak the model bears")

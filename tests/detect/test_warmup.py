@@ -36,7 +36,8 @@ def _cols(case: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         loss = -2.0 * 0.97 ** s
     # update sizes read every 5 steps: a tenth of the weights from step 50 on
     size = np.full((N, 2), np.nan)
-    size[::5] = 0.002 * (1 + s[::5, None]) * (0.01 if case == "small_updates" else 1)
+    scale = {"small_updates": 0.01, "mid_updates": 0.3}.get(case, 1.0)
+    size[::5] = 0.002 * (1 + s[::5, None]) * scale
     size[::5, 1] *= 0.7
     return ({"grad_norm": noisy(0.1, N, 2), "param_norm": np.full((N, 2), 5.0),
              "update_ratio": size}, {"loss": loss, "lr": lr})
@@ -59,6 +60,21 @@ def test_a_rise_whose_updates_outgrow_the_weights_is_an_error_with_its_path(chun
     _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
     assert [same(e) for e in of(det.events, "lr_change", signal="rise")] == \
         [same(rose), same(later)]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, N])
+def test_updates_under_a_tenth_with_the_loss_up_over_a_window_are_an_error(chunk) -> None:
+    """Updates of 3-5% of the weights (Adam's against weights that grow): the rise is
+    named once the loss's level over `window` steps is twice its best, at a learning rate
+    1.25x the one it was best at or more: the first sampled update after, step 60."""
+    cols, scalars = _cols("mid_updates")
+    _, events = detect(build(LAYERS, cols, scalars, n=N))
+    (rose,) = of(events, "lr_change", signal="rise")
+    assert (rose.step, rose.severity, rose.layer) == (60, "error", "fc1")
+    assert "and the loss turned up as it rose: its level over 20 steps is " in rose.message
+    assert "the update of step 60 moved the weights by 0.037 of their size" in rose.message
+    _, det, _ = live_scan(LAYERS, cols, scalars, chunk=chunk)
+    assert [same(e) for e in of(det.events, "lr_change", signal="rise")] == [same(rose)]
 
 
 @pytest.mark.parametrize("case", ["capped", "small_rise", "one_jump", "falling",
