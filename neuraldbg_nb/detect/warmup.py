@@ -45,6 +45,7 @@ LOSS_UP = 2.0
 have turned up (the level: the median of `LEVEL_STEPS` steps, so that one bad batch of a
 fitted model, 100x its neighbours, is not a turn)."""
 LEVEL_STEPS = 5
+"""Steps of the loss whose median is its level, against one bad batch (`LOSS_UP`)."""
 LARGE = 0.01
 """An update of this share of the weights is large (ten times a healthy one): where the
 updates stay under `OUTGROW` (Adam's steps against weights that grow, LayerNorm after
@@ -52,6 +53,8 @@ them), a loss that has turned up over a whole `window` (the median of `window` s
 its best since the rise began, or more) at a learning rate `PAST_BEST` times the one it was
 best at, with updates this large, is the rise's doing too."""
 PAST_BEST = 1.25
+"""How many times the learning rate it was best at the rate must be, for a loss turned up
+over a window under updates below `OUTGROW` to be the rise's doing (`LARGE`)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,10 @@ def _turned_up(trace: Trace, since: int, step: int, width: int) -> Turn | None:
     return Turn(low, now, lo + k + width - 1)
 
 
+def _lr(trace: Trace, step: int) -> float:
+    return float(trace.scalar("lr", step, step + 1)[0])
+
+
 def history(th: Thresholds) -> int:
     """Steps before a chunk that `findings` reads: `lookback` for the rate's recent rise,
     `GROWING` for weights grown from nothing (a rise's own history is read from the
@@ -139,10 +146,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     began: an error of each such layer at the update's step (signal "rise"), ranked with
     the loop's bugs (`rootcause`); or as an update moves a layer's by `LARGE` or more and
     the loss has turned up over a whole `window` at `PAST_BEST` times the rate it was best
-    at: an error of the layer with the largest update. Judged on the layers the learning rate is read for (the
-    primary optimizer's), at sampled updates and, every step, by the change of the
-    weights' norm; not on weights growing from nothing (`updates.GROWING`). The condition
-    ends where the rate stopped rising over `lookback` steps."""
+    at: an error of the layer with the largest update. Judged on the layers the learning
+    rate is read for (the primary optimizer's), at sampled updates and, every step, by the
+    change of the weights' norm; not on weights growing from nothing (`updates.GROWING`).
+    The condition ends where the rate stopped rising over `lookback` steps."""
     w = trace.col("param_norm", lo, stop).astype(np.float64)
     upd = trace.col("update_ratio", lo, stop).astype(np.float64)
     lr = trace.scalar("lr", lo, stop).astype(np.float64)
@@ -165,7 +172,6 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
         large = np.isfinite(size) & (size >= LARGE) & rising[:, None]
     codes = np.where(settled[:, None] & judged[None, :], OK, HOLD).astype(np.int8)
     said: dict[int, tuple[Rise, Turn, float | None]] = {}
-    full = trace.scalar("lr", trace.full_from, stop).astype(np.float64)
     for t in np.flatnonzero(large.any(axis=1)):
         step = lo + int(t) - 1  # the update's step
         grown = rise(trace, step, th.lookback)
@@ -179,8 +185,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
             said[step] = (grown, turn, None)
             continue
         turn = _turned_up(trace, since, lo + int(t), th.window)
-        past = full[step - trace.full_from] / full[turn.low_step - trace.full_from] \
-            if turn is not None else math.nan
+        past = _lr(trace, step) / _lr(trace, turn.low_step) if turn is not None else math.nan
         if turn is not None and past >= PAST_BEST:  # the largest update, with the loss
             codes[t, int(np.nanargmax(size[t]))] = ERROR
             said[step] = (grown, turn, past)
