@@ -2,10 +2,11 @@
 
 At the step where things first went wrong, blame in this order (docs/diagnosis.md, "how
 it finds the cause"): the data, and gradients the loop never zeroed or cleared before the
-step, or that no optimizer holds or no loss reaches (what the step computes from); then
-the first layer in forward order whose activations went non-finite, jumped, or died; then
-the loss; then the optimizer's update; and only then the gradients (exploding: the
-layer with the largest gradient norm; vanishing: the deepest saturated layer, where the
+step, or that no optimizer holds or no loss reaches, and a learning rate still rising
+past what the model bears (`warmup`): what the step computes from; then the first layer
+in forward order whose activations went non-finite, jumped, or died; then the loss; then
+the optimizer's update; and only then the gradients (exploding: the layer with the largest
+gradient norm; vanishing: the deepest saturated layer, where the
 backward signal first collapses, else the deepest vanishing layer; non-finite: the
 deepest layer, where backward starts; a GradScaler's scale that collapsed as it skipped
 every step tells those non-finite gradients' story, and comes first). The loss comes before the update because a step
