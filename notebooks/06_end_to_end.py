@@ -166,10 +166,10 @@ print(f"\ntest accuracy {run2_acc:.1%}")
 # first failure is **one layer, long after the start: its update moved its weights
 # by a tenth of their size in one step, as the loss turned up**, and the sentence
 # gives the learning rate's path beside it: it rose more than fiftyfold and was
-# still rising. (Which layer comes first depends on the machine's rounding: the
-# other layers follow at the same step or a few later; the story that follows is
-# the same.) After it the training falls apart: activations jump, units die, and
-# the network ends at chance.
+# still rising. (Which layer comes first depends on floating-point rounding, which
+# differs between CPUs: the other layers follow at the same step or a few later;
+# the story that follows is the same.) After it the training falls apart:
+# activations jump, units die, and the network ends at chance.
 #
 # **Step 1: open the tensors at the first failure**, and compare them with the
 # last healthy capture of the same layer (the panel's inspector shows the same
