@@ -345,7 +345,7 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         text = (f"{name}: the optimizer's updates leave its weights unchanged from step {s}, "
                 f"though their gradient norm is {fmt(v)}: ")
-        rate = _lr_at(trace, s)
+        rate = lr_of(trace, s)
         if rate < TOO_SMALL:  # (NaN is not)
             return text + f"the learning rate is {fmt(rate)}{_since(trace, s)}"
         return text + ("they are not in the optimizer, or their learning rate is 0 (if "
@@ -420,7 +420,7 @@ def _whole_model(stalled: np.ndarray, stalled_exactly: np.ndarray, rounded: np.n
         # where the learning rate fell is judged at the sample after it, `Finding.began`)
         judged = np.flatnonzero(complete[max(s + 1 - lo, 0):])
         row = max(s + 1 - lo, 0) + int(judged[0]) if len(judged) else -1
-        rate = _lr_at(trace, s)
+        rate = lr_of(trace, s)
         layers = f"{v:.0f} layer{'s' * (v != 1)}"
         if 0 <= row < len(half) and half[row]:
             why = (f"their half-precision updates round away at a learning rate of "
@@ -462,7 +462,7 @@ instead of per epoch takes 1e-3 to 2.5e-11 in 60 steps: "their learning rate is 
 be wrong."""
 
 
-def _lr_at(trace: Trace, step: int) -> float:
+def lr_of(trace: Trace, step: int) -> float:
     """The learning rate of `step` (NaN where the trace no longer holds it exactly)."""
     if not trace.full_from <= step < trace.n_steps:
         return math.nan

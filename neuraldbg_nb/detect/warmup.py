@@ -25,7 +25,7 @@ from .baseline import lagged
 from .regime import few
 from .scan import ERROR, HOLD, OK, Finding, fmt
 from .thresholds import Thresholds
-from .updates import GROWING, growing
+from .updates import GROWING, growing, lr_of
 
 RISE = 10.0
 """The factor by which the learning rate has to have risen, from its first positive value,
@@ -129,10 +129,6 @@ def _turned_up(trace: Trace, since: int, step: int, width: int) -> Turn | None:
     return Turn(low, now, lo + k + width - 1)
 
 
-def _lr(trace: Trace, step: int) -> float:
-    return float(trace.scalar("lr", step, step + 1)[0])
-
-
 def history(th: Thresholds) -> int:
     """Steps before a chunk that `findings` reads: `lookback` for the rate's recent rise,
     `GROWING` for weights grown from nothing (a rise's own history is read from the
@@ -185,7 +181,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
             said[step] = (grown, turn, None)
             continue
         turn = _turned_up(trace, since, lo + int(t), th.window)
-        past = _lr(trace, step) / _lr(trace, turn.low_step) if turn is not None else math.nan
+        past = lr_of(trace, step) / lr_of(trace, turn.low_step) if turn is not None \
+            else math.nan
         if turn is not None and past >= PAST_BEST:  # the largest update, with the loss
             codes[t, int(np.nanargmax(size[t]))] = ERROR
             said[step] = (grown, turn, past)
