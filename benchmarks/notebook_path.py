@@ -8,7 +8,9 @@
 Notebook: one notebook, executed with nbclient in one real kernel, trains each model in
 cells run plain, plain again (the control: the noise of the run), under
 `%%neuraldbg --no-panel` and under `%%neuraldbg` with the live panel (its widget messages
-really sent to the client), interleaved: per round every variant once, in an order rotated
+really sent to the client), with the floors beside them (`--no-activations`; and the
+cell's own least every-step reads, `Reads`, which no design that reads every step goes
+under), interleaved: per round every variant once, in an order rotated
 from round to round. Each cell makes the model afresh (the same seed: every cell trains
 the same steps, and the final losses must be bit-identical) and its optimizer, and trains
 it; the cell's time is the kernel's, from IPython's `pre_run_cell` to its `post_run_cell`,
@@ -51,9 +53,14 @@ NOTEBOOK_MODELS = {"cnn": "CNN on digits", "mlp121": "MLP 121 layers"}
 SCRIPT_MODELS = ("mlp", "cnn", "transformer")
 CELL_VARIANTS = {"plain": "plain", "control": "plain vs plain (control)",
                  "no_panel": "%%neuraldbg --no-panel", "panel": "%%neuraldbg (live panel)",
-                 "floor": "floor: %%neuraldbg --no-panel --no-activations"}
+                 "floor": "floor: %%neuraldbg --no-panel --no-activations",
+                 "reads": "least reads: the cell's own every-step reads, one transfer"}
 MAGIC = {"plain": "", "control": "", "no_panel": "%%neuraldbg --no-panel\n",
-         "panel": "%%neuraldbg\n", "floor": "%%neuraldbg --no-panel --no-activations\n"}
+         "panel": "%%neuraldbg\n", "floor": "%%neuraldbg --no-panel --no-activations\n",
+         "reads": ""}
+READS = ("_reads = Reads(model)\n", "    _reads.before(x, loss)\n", "    _reads.after()\n")
+"""The `reads` cell: the least that any recorder reading every step does, written in the
+cell itself (`Reads`): what no design that reads every step can go under."""
 SCRIPT_VARIANTS = {"plain": "plain", "control": "plain vs plain (control)",
                    "watch": "watch(model), default",
                    "floor": "floor: watch(model, activations=False)"}
@@ -96,6 +103,28 @@ def make_mlp121():
 
 
 MAKE = {"cnn": make_cnn, "mlp121": make_mlp121}
+
+
+class Reads:
+    """The least an every-step recorder reads: each weight's gradient norm (one
+    `_foreach_norm`), the loss, the input's extremes and sum, how far the first 256
+    elements of each weight moved since the last update (a copy of them after it), all
+    to the host in one transfer."""
+
+    def __init__(self, model):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.heads = [p.detach().view(-1)[:256] for p in self.params]
+        self.kept = torch.cat(self.heads)
+
+    def before(self, x, loss):
+        norms = torch._foreach_norm([p.grad for p in self.params])
+        lo, hi = torch.aminmax(x)
+        moved = torch.linalg.vector_norm(torch.cat(self.heads) - self.kept)
+        return torch.cat([torch.stack(norms), torch.stack([loss.detach(), lo, hi, x.sum(),
+                                                           moved])]).tolist()
+
+    def after(self):
+        torch.cat(self.heads, out=self.kept)
 
 
 def layer_calls(model):
@@ -146,14 +175,14 @@ get_ipython().events.register("post_run_cell", _post)
 CELL = '''{magic}# {tag}
 model = MAKE[{key!r}]()
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-_marks = []
+{reads[0]}_marks = []
 for _i in range({steps}):
     x, y = BATCHES[_i % len(BATCHES)]
     opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
-    opt.step()
-    _marks.append(time.perf_counter())
+{reads[1]}    opt.step()
+{reads[2]}    _marks.append(time.perf_counter())
 MARKS.append(_marks)
 LOSSES.append(loss.item())
 '''
@@ -198,7 +227,8 @@ def run_notebook(models: list[str], modes: dict[str, int], rounds: int, warmup: 
     for r, m, mode, v in warm + order:
         steps = modes.get(mode, 10)
         cells.append(nbformat.v4.new_code_cell(CELL.format(
-            magic=MAGIC[v], tag=f"{m} {mode} {v} round {r}", key=m, steps=steps)))
+            magic=MAGIC[v], tag=f"{m} {mode} {v} round {r}", key=m, steps=steps,
+            reads=READS if v == "reads" else ("", "", ""))))
     cells.append(nbformat.v4.new_code_cell(REPORT))
     nb = nbformat.v4.new_notebook(cells=cells)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",

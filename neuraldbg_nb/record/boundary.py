@@ -26,7 +26,7 @@ from .discovery import Candidate, Models
 from .forward import Forward, Held
 from .inputs import Inputs
 from .optimizer import learning_rate, missing_gradients
-from .replay import RECENT, Replay, anomalous, edited, grad_total, lr_moved
+from .replay import RECENT, Recent, Replay, anomalous, edited, grad_total, lr_moved
 from .sampler import is_reference_step
 from .step_owner import StepOwner
 from .timing import StepTimer, clock
@@ -79,6 +79,7 @@ class Boundary:
         self._set_hooks = set_hooks
         self._hook_layers = hook_layers
         self._rescans = Rescans()
+        self._recent = Recent()  # the last steps' numbers, for `_went_wrong`
         self.zeroed_before_step = False
         """A step closed by hand found every gradient zeroed (`close`)."""
         self._hook_next = False  # the next forward is hooked (a learning rate moved)
@@ -213,15 +214,20 @@ class Boundary:
         scalars.update(self._inputs.read(v))
         scalars.update(self._backwards.scales(v))
         scalars["hooked"] = float(self.hooked)
-        if self._replay is not None and step > 0:
-            lr_b = float(trace.scalar("lr", step - 1, step)[0])
-            self._hook_next = lr_moved(lr_b, float(scalars["lr"]))
-            if not self.hooked and self._went_wrong(step, row, scalars, g_pos, v, edited_by):
-                replayed = self._replayed(n)
-                if replayed is not None:
-                    row.update(replayed)
-                    scalars["hooked"] = 1.0
-                    self._last_hooked = step
+        if self._replay is not None:
+            total = grad_total(row["grad_norm"].tolist())
+            if step > 0:
+                lr_b = float(trace.scalar("lr", step - 1, step)[0])
+                self._hook_next = lr_moved(lr_b, float(scalars["lr"]))
+                if not self.hooked and self._went_wrong(step, scalars, total, g_pos, v,
+                                                        edited_by):
+                    replayed = self._replayed(n)
+                    if replayed is not None:
+                        row.update(replayed)
+                        scalars["hooked"] = 1.0
+                        self._last_hooked = step
+            self._recent.add(step, float(scalars["loss"]), total,
+                             float(scalars.get("in_absmax", math.nan)))
         trace.append(row, scalars)
 
         held = self._forward.held
@@ -234,21 +240,20 @@ class Boundary:
             held.clear()
             self._timer.end_interval(step, t_enter)
 
-    def _went_wrong(self, step: int, row: dict[str, np.ndarray], scalars: dict[str, float],
+    def _went_wrong(self, step: int, scalars: dict[str, float], total: float,
                     g_pos: list[int], v: list[float], edited_by: list[float] | None) -> bool:
         """Whether an unhooked step's every-step numbers say its forward went wrong
         (`replay.anomalous`, `replay.edited`): its loss and its gradients' total norm
-        against the `RECENT` steps before, its input's abs-max against the step before,
-        and the weight norms the last update left (written into the trace one step late,
-        so the rows of the two updates before this forward)."""
+        (`total`) against the `RECENT` steps before, its input's abs-max against the step
+        before, and the weight norms the last update left (written into the trace one
+        step late, so the rows of the two updates before this forward)."""
         trace = self._trace
         weights = trace.col("param_norm", step - 2, step).tolist() if step >= 2 else []
-        lo = max(trace.full_from, step - RECENT)
+        losses, totals = self._recent.since(max(trace.full_from, step - RECENT))
         if anomalous(
                 scalars["loss"], self._backwards.any_heard,
-                all(math.isfinite(v[p]) for p in g_pos), float(grad_total(row["grad_norm"])),
-                trace.scalar("loss", lo, step), grad_total(trace.col("grad_norm", lo, step)),
-                inputs=(float(trace.scalar("in_absmax", step - 1, step)[0]),
+                all(math.isfinite(v[p]) for p in g_pos), total, losses, totals,
+                inputs=(self._recent.input_before(step),
                         float(scalars.get("in_absmax", math.nan))),
                 weights=(weights[0], weights[1]) if len(weights) == 2 else ([], [])):
             return True

@@ -11,7 +11,6 @@ the numbers mean is decided elsewhere (`detect`), by a callback the probe does n
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +29,7 @@ from .discovery import Candidate, Models
 from .forward import Forward
 from .guard import guarded
 from .inputs import Inputs
+from .layer_hooks import LayerHooks
 from .optimizer import Optimizers
 from .replay import Replay
 from .sampler import Sampler
@@ -68,7 +68,6 @@ class Probe:
         self.failed = False
         """A hook failed: the probe records nothing more."""
         self._handles: list[RemovableHandle] = []
-        self._layer_handles: list[RemovableHandle] = []  # the layers' forward hooks
         self._discovery: RemovableHandle | None = None  # the global pre-hook, while in
         # optimizer -> ((its parameters, the watched ones), whether it trains others)
         self._known_opts: weakref.WeakKeyDictionary[
@@ -84,6 +83,7 @@ class Probe:
         self._forward = Forward(models, sc, hold=hold_refs, hold_jump=hold_jump,
                                 found=self._found, fail=self._fail)
         self._inputs = Inputs(models, sc, hold_refs)
+        self._layer_hooks = LayerHooks(self._forward.post, self._own)
         self._backwards = Backwards(models, sc)
         self._timer = StepTimer(cost, Sampler(sample_every, overhead), self._forward)
         self._weights = WeightProbe(models.owners, models.layer)
@@ -119,21 +119,19 @@ class Probe:
 
     def _hook_layers(self, layers: list[Candidate]) -> None:
         if self.activations and self._armed:
-            post = self._forward.post
-            for c in layers:
-                self._layer_handles.append(self._owned(
-                    c.module.register_forward_hook(functools.partial(post, c))))
+            self._layer_hooks.on(layers)
 
     def _set_hooks(self, on: bool) -> None:
         """The layer hooks on for the next forward, or off (`layer_hooks="sampled"`: at
         each step boundary, for the step that follows; around a replay)."""
         if on and not self._armed:
             self._armed = True
-            self._hook_layers(list(self._models.candidates.values()))
+            layers = list(self._models.candidates.values())
+            self._layer_hooks.whole(layers)
+            self._hook_layers(layers)
         elif not on and self._armed:
             self._armed = False
-            self._unhook(self._layer_handles)
-            self._layer_handles = []
+            self._layer_hooks.off()
 
     def _owned(self, handle: RemovableHandle) -> RemovableHandle:
         """A hook of this probe on a module: told apart from the model's own (`replay`),
@@ -196,8 +194,9 @@ class Probe:
 
     def detach(self) -> None:
         """Remove every hook; safe to call twice."""
-        self._unhook(self._handles + self._layer_handles)
-        self._handles, self._layer_handles = [], []
+        self._unhook(self._handles)
+        self._layer_hooks.remove()
+        self._handles = []
         self._armed = False
         self._discover(False)
         if self._quiet is not None:

@@ -24,10 +24,10 @@ module inside it is replayed (`discovery.unwrapped`), so no collective runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.modules import module as nn_module
@@ -236,16 +236,44 @@ it is hooked (`Boundary`), as the update is expected to move the weights unlike 
 # depends on them, so a run re-judged under other thresholds reads the same numbers.
 
 
-def grad_total(grads: np.ndarray) -> np.ndarray:
-    """The gradients' total norm of each row of (steps, layers) per-layer norms (NaN where
-    no layer was measured)."""
-    with np.errstate(invalid="ignore"):
-        sq = np.nansum(np.square(grads, dtype=np.float64), axis=-1)
-    return np.where(np.isnan(grads).all(axis=-1), np.nan, np.sqrt(sq))
+def grad_total(norms: Iterable[float]) -> float:
+    """The gradients' total norm from one step's per-layer norms (NaN where no layer was
+    measured). A loop over Python floats: right after a training step, with the CPU's
+    caches cold, it takes a fraction of numpy's few calls."""
+    sq, known, isnan = 0.0, False, math.isnan
+    for x in norms:
+        if not isnan(x):  # (NaN: not measured)
+            sq += x * x
+            known = True
+    return math.sqrt(sq) if known else math.nan
+
+
+class Recent:
+    """The every-step numbers of the `RECENT` steps before the one closing, kept as the
+    steps close (`anomalous` reads their range): reading them back from the trace at
+    every step would cost a dozen array calls."""
+
+    def __init__(self) -> None:
+        self._rows: deque[tuple[int, float, float, float]] = deque(maxlen=RECENT)
+
+    def add(self, step: int, loss: float, total: float, in_absmax: float) -> None:
+        """Step `step` closed with this loss, gradients' total norm and input abs-max."""
+        self._rows.append((step, loss, total, in_absmax))
+
+    def since(self, first: int) -> tuple[list[float], list[float]]:
+        """The losses and totals of the steps kept from `first` on."""
+        rows = [r for r in self._rows if r[0] >= first]
+        return [r[1] for r in rows], [r[2] for r in rows]
+
+    def input_before(self, step: int) -> float:
+        """The input abs-max of the step before `step` (NaN where it was not kept)."""
+        if self._rows and self._rows[-1][0] == step - 1:
+            return self._rows[-1][3]
+        return math.nan
 
 
 def anomalous(loss: float, loss_heard: bool, grad_finite: bool, total: float,
-              recent_loss: np.ndarray, recent_total: np.ndarray, *,
+              recent_loss: Sequence[float], recent_total: Sequence[float], *,
               inputs: tuple[float, float] = (math.nan, math.nan),
               weights: tuple[list[float], list[float]] = ([], [])) -> bool:
     """Do the every-step numbers of a step say that its forward went wrong? A non-finite
@@ -257,12 +285,12 @@ def anomalous(loss: float, loss_heard: bool, grad_finite: bool, total: float,
     per layer, after the update before it and after it; NaN where not measured)."""
     if not grad_finite or (loss_heard and not math.isfinite(loss)):
         return True
-    losses = recent_loss[recent_loss > 0]
-    if len(losses) and loss / float(losses.max()) >= LOSS_RISE:
+    losses = [x for x in recent_loss if x > 0]
+    if losses and loss / max(losses) >= LOSS_RISE:
         return True
-    totals = recent_total[recent_total > 0]
-    if len(totals) and total > 0 and (total >= GRAD_JUMP * float(totals.max())
-                                      or total * GRAD_JUMP <= float(totals.min())):
+    totals = [x for x in recent_total if x > 0]
+    if totals and total > 0 and (total >= GRAD_JUMP * max(totals)
+                                 or total * GRAD_JUMP <= min(totals)):
         return True
     if _moved(*inputs, INPUT_JUMP):
         return True

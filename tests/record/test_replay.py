@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as nd
-from neuraldbg_nb.record.replay import Replay, anomalous, grad_total
+from neuraldbg_nb.record.replay import RECENT, Recent, Replay, anomalous, grad_total
 
 REPLAYED = 5
 
@@ -152,8 +152,18 @@ def test_anomalous_reads_non_finite_values_and_jumps():
 
 
 def test_the_gradients_total_is_over_the_layers_measured():
-    g = np.array([[3.0, 4.0, np.nan], [np.nan, np.nan, np.nan]])
-    assert grad_total(g)[0] == 5.0 and np.isnan(grad_total(g)[1])
+    assert grad_total([3.0, 4.0, math.nan]) == 5.0
+    assert math.isnan(grad_total([math.nan, math.nan])) and math.isnan(grad_total([]))
+
+
+def test_recent_steps_are_read_from_a_first_step_on():
+    recent = Recent()
+    for step in range(12):
+        recent.add(step, loss=float(step), total=10.0 + step, in_absmax=100.0 + step)
+    losses, totals = recent.since(6)
+    assert losses == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0] and totals[0] == 16.0
+    assert len(recent.since(0)[0]) == RECENT  # only the last RECENT are kept
+    assert recent.input_before(12) == 111.0 and math.isnan(recent.input_before(14))
 
 
 def _watched(mode: str, fault_at: int):
