@@ -80,6 +80,7 @@ class Boundary:
         self._hook_layers = hook_layers
         self._rescans = Rescans()
         self._recent = Recent()  # the last steps' numbers, for `_went_wrong`
+        self._norm_plan = reductions.NormPlan()  # how the gradients are normed
         self.zeroed_before_step = False
         """A step closed by hand found every gradient zeroed (`close`)."""
         self._hook_next = False  # the next forward is hooked (a learning rate moved)
@@ -156,7 +157,7 @@ class Boundary:
                 params = self._models.params()
                 with_grad = _with_grad(params)
             self._rescans.graded = len(with_grad)
-        g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc)
+        g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc, self._norm_plan)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)
         # the last update's weight norms (`WeightProbe`) go into the last row, in one
         # pass with this step's gradient norms and the weights' moves since that update

@@ -9,33 +9,38 @@ import functools
 import math
 
 import numpy as np
+import pytest
 from traces import build, of
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.detect import detect
 from neuraldbg_nb.detect.regime import GRADIENT_PATIENCE
-from neuraldbg_nb.detect.wake import SampledWake, jump_held, rise_held, wake
+from neuraldbg_nb.detect.wake import WIDE, SampledWake, jump_held, rise_held, wake
 
 
-def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves() -> None:
+@pytest.mark.parametrize("width", [2, WIDE])
+def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves(width: int) -> None:
     """The live scan's trigger (`wake`), on the newest step of three as the live trace
     holds them (the weight norm after the newest update is not there yet, so weights are
     compared one step back): every kind of sudden change wakes it, a move below the
-    half-jump line (gradients: half of `jump_error`) does not, nor does a falling loss."""
+    half-jump line (gradients: half of `jump_error`) does not, nor does a falling loss.
+    The same answers for a model of a few layers (compared in loops) and a wide one (in
+    arrays: `WIDE`), where the change is in the last layer."""
     th = ndbg.Thresholds()  # wake_jump sqrt(10) = 3.16; gradients 10; the loss 3.16, up
     base = {"act_absmax": 2.0, "param_norm": 5.0, "grad_norm": 0.1}
     scal = {"loss": 1.0, "in_absmax": 3.0, "in_nonfinite": 0.0}
 
     def woke(col: str, value: float, before: float | None = None) -> frozenset[str]:
-        cols = {c: np.full((3, 2), v) for c, v in base.items()}
+        cols = {c: np.full((3, width), v) for c, v in base.items()}
         cols["param_norm"][2] = np.nan  # set when the next step closes
         scalars = {c: np.full(3, v) for c, v in scal.items()}
-        target = cols[col] if col in cols else scalars[col]
+        target = cols[col][..., -1] if col in cols else scalars[col]
         newest = 1 if col == "param_norm" else 2
         if before is not None:
-            target[newest - 1, ...] = before
-        target[newest, ...] = value
-        return wake(build([("a", "other"), ("b", "other")], cols, scalars, n=3), th)
+            target[newest - 1] = before
+        target[newest] = value
+        layers = [(f"l{i}", "other") for i in range(width)]
+        return wake(build(layers, cols, scalars, n=3), th)
 
     assert not wake(build([("a", "other")], {c: np.full((1, 1), v) for c, v in base.items()},
                           n=1), th), "one step: nothing to compare"

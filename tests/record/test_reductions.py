@@ -29,14 +29,22 @@ def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
         torch.tensor([1.0, math.inf]), torch.tensor([math.nan, 1.0]),
     ]
     sc = reductions.Scalars()
-    sc.add(torch.tensor(7.0))  # positions count from what the step holds already
-    pos = reductions.grouped_norms(tensors, sc)
+    plan = reductions.NormPlan()  # the grouping, kept from call to call
+    # the same kinds twice (the second call reuses the grouping), then other kinds: a
+    # tensor of another shape where a stack of two was, and one tensor fewer
+    for ts in (tensors, tensors, [torch.randn(4, 2, generator=g)] + tensors[3:-1]):
+        sc.add(torch.tensor(7.0))  # positions count from what the step holds already
+        pos = reductions.grouped_norms(ts, sc, plan)
+        v = sc.to_host()
+        got = [v[p] for p in pos]
+        want = [torch.linalg.vector_norm(t.to_dense().double()).item() for t in ts]
+        assert len(got) == len(ts)
+        for a, b in zip(got, want):
+            assert math.isclose(a, b, rel_tol=2e-3) or (math.isnan(a) and math.isnan(b)), (a, b)
+    pos = reductions.grouped_norms(tensors, sc)  # no plan: grouped at the call
     v = sc.to_host()
-    got = [v[p] for p in pos]
-    want = [torch.linalg.vector_norm(t.to_dense().double()).item() for t in tensors]
-    assert got[-2] == math.inf and math.isnan(got[-1])
-    for a, b in zip(got[:-2], want[:-2]):
-        assert math.isclose(a, b, rel_tol=2e-3), (a, b)
+    sparse, inf, nan = (v[p] for p in pos[-3:])
+    assert sparse == 5.0 and inf == math.inf and math.isnan(nan)
 
 
 def test_the_transfer_keeps_the_order_of_values_of_mixed_dtypes() -> None:
