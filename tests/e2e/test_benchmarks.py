@@ -75,11 +75,13 @@ def test_memory_benchmark_runs_in_quick_mode() -> None:
 
 def test_notebook_path_benchmark_runs_in_quick_mode() -> None:
     """A real kernel runs the cells plain, under `%%neuraldbg --no-panel` and with the live
-    panel; `watch()` runs in the script; every variant trains to the same loss."""
+    panel, beside the floors (the cell's own least reads among them); `watch()` runs in
+    the script; every variant trains to the same loss."""
     out = _run("benchmarks/notebook_path.py", "--quick", timeout=600)  # a kernel starts
     for row in ("plain vs plain (control)", "%%neuraldbg --no-panel: ratio",
                 "%%neuraldbg (live panel): cost per step (ms)", "per layer call (us",
-                "live panel: its updates' measured cost", "watch(model), default: ratio"):
+                "live panel: its updates' measured cost", "watch(model), default: ratio",
+                "least reads: the cell's own every-step reads, one transfer: ratio"):
         assert row in out, row
     assert "notebook cell (whole cells" in out and "watch() in a script (per step)" in out
     same = [line for line in out.splitlines() if line.startswith("final loss bit-identical")]
