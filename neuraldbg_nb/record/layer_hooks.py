@@ -5,8 +5,9 @@ few steps. Registering a hook and removing it again costs about 8 us a layer (a 
 weak reference, the bookkeeping of `pickling`): a millisecond a toggle for a model of 121
 layers. Here each layer's hook is registered once; taking it off removes its entry from
 the module's hook dict and putting it on puts the same entry back under the same id, a
-fraction of a microsecond a layer. The ids stay those the probe owns (`pickling` leaves
-them out of pickles and copies; `replay` tells them from the model's own hooks).
+fraction of a microsecond a layer. The ids stay those the probe owns (`Probe._owned`:
+`pickling` leaves them out of pickles and copies, `replay` tells them from the model's
+own hooks).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 
 from torch.utils.hooks import RemovableHandle
 
-from . import pickling
 from .discovery import Candidate
 
 Post = Callable[[Candidate, Any, tuple, object], None]
@@ -27,25 +27,24 @@ Post = Callable[[Candidate, Any, tuple, object], None]
 class LayerHooks:
     """Each watched layer's forward hook, registered once, on or off as a whole."""
 
-    def __init__(self, post: Post, own: set[int]) -> None:
-        """`post`: the hook; `own`: the probe's set of its hooks' ids (added to here)."""
+    def __init__(self, post: Post, owned: Callable[[RemovableHandle], RemovableHandle],
+                 unhook: Callable[[list[RemovableHandle]], None]) -> None:
+        """`post`: the hook; `owned`: marks a hook as the probe's; `unhook`: removes the
+        probe's hooks for good."""
         self._post = post
-        self._own = own
+        self._owned = owned
+        self._unhook = unhook
         self._made: dict[int, tuple[Candidate, RemovableHandle, Callable[..., None]]] = {}
         self._on: list[RemovableHandle] = []
 
     def on(self, layers: list[Candidate]) -> None:
-        """Put the hooks of `layers` on (each layer's entry is made the first time). The
-        hooks of layers no longer among those given (the loop replaced them) are removed
-        for good when `layers` are the whole model (`whole`)."""
+        """Put the hooks of `layers` on (each layer's is made the first time)."""
         made = self._made
         for c in layers:
             entry = made.get(id(c))
             if entry is None:
                 fn: Callable[..., None] = functools.partial(self._post, c)
-                h = c.module.register_forward_hook(fn)
-                self._own.add(h.id)
-                pickling.own(h)
+                h = self._owned(c.module.register_forward_hook(fn))
                 made[id(c)] = (c, h, fn)
             else:
                 _, h, fn = entry
@@ -56,11 +55,11 @@ class LayerHooks:
             self._on.append(h)
 
     def whole(self, layers: list[Candidate]) -> None:
-        """`layers` are every watched layer now: the hooks of any other are removed."""
-        if len(self._made) > len(layers):
-            keep = {id(c) for c in layers}
-            for key in [k for k in self._made if k not in keep]:
-                self._drop(self._made.pop(key)[1])
+        """`layers` are every watched layer now: the hooks of any other (a layer the loop
+        replaced) are removed for good, and what they hold is let go."""
+        stale = self._made.keys() - {id(c) for c in layers}
+        if stale:
+            self._unhook([self._made.pop(key)[1] for key in stale])
 
     def off(self) -> None:
         """Take every hook off (each stays made, to be put on again)."""
@@ -73,11 +72,5 @@ class LayerHooks:
     def remove(self) -> None:
         """Remove every hook for good (the probe detaches)."""
         self.off()
-        for _, h, _ in self._made.values():
-            self._drop(h)
+        self._unhook([h for _, h, _ in self._made.values()])
         self._made = {}
-
-    def _drop(self, h: RemovableHandle) -> None:
-        h.remove()
-        pickling.release(h)
-        self._own.discard(h.id)

@@ -83,7 +83,7 @@ class Probe:
         self._forward = Forward(models, sc, hold=hold_refs, hold_jump=hold_jump,
                                 found=self._found, fail=self._fail)
         self._inputs = Inputs(models, sc, hold_refs)
-        self._layer_hooks = LayerHooks(self._forward.post, self._own)
+        self._layer_hooks = LayerHooks(self._forward.post, self._owned, self._unhook)
         self._backwards = Backwards(models, sc)
         self._timer = StepTimer(cost, Sampler(sample_every, overhead), self._forward)
         self._weights = WeightProbe(models.owners, models.layer)
