@@ -15,7 +15,6 @@ first), the rise is still said as the first failure's likely cause (`causes`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,9 +180,10 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
             said[step] = (grown, turn, None)
             continue
         turn = _turned_up(trace, since, lo + int(t), th.window)
-        past = lr_of(trace, step) / lr_of(trace, turn.low_step) if turn is not None \
-            else math.nan
-        if turn is not None and past >= PAST_BEST:  # the largest update, with the loss
+        if turn is None:
+            continue
+        past = lr_of(trace, step) / lr_of(trace, turn.low_step)
+        if past >= PAST_BEST:  # the largest update, with the loss
             codes[t, int(np.nanargmax(size[t]))] = ERROR
             said[step] = (grown, turn, past)
 

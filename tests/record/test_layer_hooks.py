@@ -4,6 +4,7 @@ nothing is left on any module when the watch ends."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -15,7 +16,8 @@ def _hooks(model: nn.Module) -> dict[str, list[int]]:
     return {name: list(m._forward_hooks) for name, m in model.named_modules() if name}
 
 
-def test_hooks_go_on_and_off_under_one_id_and_a_replaced_layer_loses_its_own() -> None:
+def test_hooks_go_on_and_off_under_one_id_and_a_replaced_layer_loses_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     old_head = model[2]
@@ -29,19 +31,16 @@ def test_hooks_go_on_and_off_under_one_id_and_a_replaced_layer_loses_its_own() -
         made.append(len(self._made))
         real_on(self, layers)
 
-    LayerHooks.on = on  # type: ignore[method-assign]
-    try:
-        with ndbg.watch(model, report=False) as run:
-            for step in range(25):
-                if step == 12:  # the loop puts a new head in, with a new optimizer
-                    model[2] = nn.Linear(16, 2)
-                    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-                opt.zero_grad()
-                nn.functional.mse_loss(model(x), y).backward()
-                seen.append(_hooks(model))
-                opt.step()
-    finally:
-        LayerHooks.on = real_on  # type: ignore[method-assign]
+    monkeypatch.setattr(LayerHooks, "on", on)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(25):
+            if step == 12:  # the loop puts a new head in, with a new optimizer
+                model[2] = nn.Linear(16, 2)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            seen.append(_hooks(model))
+            opt.step()
     hooked = run.trace.scalar("hooked")
     assert hooked[:3].all() and not hooked[3] and hooked[10], hooked
     # a step whose hooks are off calls none; a hooked one has the same ids every time
