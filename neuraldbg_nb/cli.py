@@ -22,6 +22,7 @@ import os
 import runpy
 import sys
 import traceback
+import types
 from pathlib import Path
 
 from . import demo
@@ -112,14 +113,29 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         code = _exit_code(exit_)
     except KeyboardInterrupt:
         code = 130
-    except Exception:  # noqa: BLE001 - the script's own error: reported as python would
-        traceback.print_exc()
+    except Exception as exc:  # noqa: BLE001 - the script's own error: reported as python would
+        _print_script_error(exc)
         code = 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         saved = w.run.save(_per_rank(args.save, w.run.rank))
         print(f"neuraldbg: run saved to {saved}", file=sys.stderr)
     return code
+
+
+def _print_script_error(exc: BaseException) -> None:
+    """The traceback of an error the script raised, as `python` prints it: from the
+    script's own frames on, without this module's and `runpy`'s that ran it."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _runner_frame(tb.tb_frame.f_code):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb)
+
+
+def _runner_frame(code: types.CodeType) -> bool:
+    """A frame of `neuraldbg run` itself: this module's, or `runpy`'s."""
+    return code.co_filename == __file__ or code.co_filename in (runpy.__file__,
+                                                                "<frozen runpy>")
 
 
 def _check_saved(parser: argparse.ArgumentParser, path: Path) -> None:

@@ -33,6 +33,7 @@ re-classified one and a saved and loaded one give the same causes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -114,8 +115,15 @@ def _edited_before(root: Event, trace: Trace, max_update: float) -> list[Cause]:
     if not v >= max_update:
         return []
     return [Cause("edited", root.step, root.layer, v, float("nan"),
-                  f"its weights were changed outside the optimizer ({v:.3g}x their size) "
-                  f"before the forward of step {root.step}: a likely cause")]
+                  f"its weights were changed outside the optimizer ({_size(v)}) before the "
+                  f"forward of step {root.step}: a likely cause")]
+
+
+def _size(moved: float) -> str:
+    """An edit's move as a multiple of the weights' size (`w_edited`, an update's ratio),
+    in words: an infinite one is a move off all-zero weights or to non-finite values."""
+    return f"{moved:.3g}x their size" if math.isfinite(moved) else \
+        "off all-zero weights or to non-finite values"
 
 
 def _lr_rising(root: Event, trace: Trace, lookback: int) -> list[Cause]:
@@ -203,8 +211,8 @@ def _edited(events: list[Event], root: Event, max_update: float) -> list[Cause]:
             and e.layer is not None and root.step - 1 <= e.step <= root.step
             and e is not root]
     out = [Cause("edited", e.step, e.layer, e.value, e.previous,
-                 f"its weights were changed outside the optimizer ({e.value:.3g}x their "
-                 f"size) during step {e.step}: a likely cause")
+                 f"its weights were changed outside the optimizer ({_size(e.value)}) "
+                 f"during step {e.step}: a likely cause")
            for e in near if e.signal == "update" and e.previous < max_update <= e.value]
     out += [Cause("reset", e.step, e.layer, e.value, e.previous,
                   f"its weights lost {1 - e.value / e.previous:.0%} of their size in one "

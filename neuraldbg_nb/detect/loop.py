@@ -37,8 +37,10 @@ from .thresholds import Thresholds
 def _eval_message(name: str, step: int, v: float, previous: float, severity: str,
                   steps: int) -> str:
     layers = f"{v:.0f} dropout/BatchNorm layer{'s' * (v != 1)}"
-    held = f", for {steps} steps in a row and on" if severity == "error" else ""
-    return (f"the model trained in eval mode from step {step}{held}: {layers} ran as at "
+    # the error's step is where the stretch reached `steps`: it began before it
+    when = f"for {steps} steps in a row by step {step}" if severity == "error" else \
+        f"from step {step}"
+    return (f"the model trained in eval mode {when}: {layers} ran as at "
             f"inference (dropout off, BatchNorm on running statistics it no longer "
             f"updates). Call model.train() before training; if it is deliberate (keeping "
             f"BatchNorm's statistics while fine-tuning), ignore this")

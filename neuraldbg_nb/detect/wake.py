@@ -154,6 +154,8 @@ def jump_held(trace: Trace, th: Thresholds, at: int) -> bool:
     lo = max(at - th.window, trace.full_from)
     need = math.log10(th.jump) - 1e-9  # (the detector's means are fixed-point)
     k = at - lo
+    if trace.n_layers >= WIDE:  # (`_Rows`): the layers' columns as arrays
+        return _jump_held_wide(trace.col("grad_norm", lo, trace.n_steps), k, need, th)
     for col in trace.col("grad_norm", lo, trace.n_steps).T.tolist():
         logs = _logs(col)
         first, level = logs[k], _level(logs, k, th)
@@ -164,6 +166,24 @@ def jump_held(trace: Trace, th: Thresholds, at: int) -> bool:
         if after and all(sign * (x - level) >= need for x in [first, *after]):
             return True
     return False
+
+
+def _jump_held_wide(rows: np.ndarray, k: int, need: float, th: Thresholds) -> bool:
+    """`jump_held` over a (steps, layers) slice of the gradient norms whose row `k` is the
+    jump's, in whole-column ops: the same answers (`_logs`, `_level`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        g = rows.astype(np.float64)
+        logs = np.where((g > 0) & (g < math.inf), np.log10(g), np.nan)
+        past = logs[max(k - th.window, 0):k]
+        known = (~np.isnan(past)).sum(axis=0)
+        level = np.nansum(past, axis=0) / known
+        first, after = logs[k], logs[k + 1:]
+        sign = np.where(first > level, 1.0, -1.0)
+        heard = ~np.isnan(after)
+        stood = (sign * (after - level) >= need) | ~heard
+        held = ((known >= th.warmup) & ~np.isnan(first) & heard.any(axis=0)
+                & (sign * (first - level) >= need) & stood.all(axis=0))
+    return bool(held.any())
 
 
 def rise_held(trace: Trace, th: Thresholds, risen: int) -> bool:
@@ -225,12 +245,12 @@ def _anew(trace: Trace, column: str, t: int) -> bool:
 def _unheld_anew(trace: Trace, t: int) -> bool:
     """A layer whose weights got gradients that no optimizer holds at step t, and not at
     t-1 (`membership`: an error at its first step)."""
-    rows = trace.col("grad_unheld", max(t - 1, trace.full_from), t + 1)
-    now = rows[-1]
-    bad = (now > 0) & (now != UNTRAINED_MODEL)
-    if not bad.any():
+    rows = trace.col("grad_unheld", max(t - 1, trace.full_from), t + 1).tolist()
+    now = rows[-1]  # (floats in a loop: see `wake`)
+    bad = [x > 0 and x != UNTRAINED_MODEL for x in now]
+    if not any(bad):
         return False
-    return len(rows) == 1 or bool((bad & ~(rows[0] == now)).any())
+    return len(rows) == 1 or any(b and x != y for b, x, y in zip(bad, now, rows[0]))
 
 
 _SCALARS = ("loss", "in_absmax", "in_nonfinite")

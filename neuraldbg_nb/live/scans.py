@@ -17,16 +17,19 @@ class ScanSchedule:
     nothing), and for a rise of the loss or a gradient's jump only if it held
     (`rise_held`, `jump_held`: near a perfect fit both swing from batch to batch, and
     each swing cost a scan), else in batches sized so that scanning costs about `BUDGET`
-    of the training time, and at least every `MAX_LATENCY` seconds. Batching
-    changes when events are found, never which (the scan is chunk-invariant), so
-    `stop_on` stops at the step of a sudden failure and soon after a slow one. A scan
-    costs about 3 ms however few its new steps (the detectors' fixed numpy work), so a
-    small budget mostly means fewer, larger batches. While a view follows the run (a
-    listener of the Run: the panel, a framework callback), which reads what detection
-    has found, scans come at the view's pace (`view_latency`: as often as it refreshes,
-    where scans then take at most `VIEW_BUDGET` of the time, and at least every
-    `VIEW_MAX_LATENCY` seconds), so that what it shows is that late at most; otherwise
-    `MAX_LATENCY` bounds it."""
+    of the training time, and at least every `MAX_LATENCY` seconds. A dead or saturated
+    fraction crossing its line (`SampledWake`) is scanned for `patience` steps later only
+    where the run stops at its first error (`stops`): its tensors are captured at the
+    sampled step either way, and a deep stack's half-dead layers cross at most sampled
+    steps, each crossing a scan of several ms. Batching changes when events are found,
+    never which (the scan is chunk-invariant), so `stop_on` stops at the step of a sudden
+    failure and soon after a slow one. A scan costs about 3 ms however few its new steps
+    (the detectors' fixed numpy work), so a small budget mostly means fewer, larger
+    batches. While a view follows the run (a listener of the Run: the panel, a framework
+    callback), which reads what detection has found, scans come at the view's pace
+    (`view_latency`: as often as it refreshes, where scans then take at most
+    `VIEW_BUDGET` of the time, and at least every `VIEW_MAX_LATENCY` seconds), so that
+    what it shows is that late at most; otherwise `MAX_LATENCY` bounds it."""
 
     BUDGET = 0.001
     MAX_LATENCY = 2.0
@@ -41,8 +44,10 @@ class ScanSchedule:
     """Seconds a view's events are late at most, whatever a scan costs: the panel
     refreshes at least once a second (`notebook.panel_budget.MAX_GAP`)."""
 
-    def __init__(self, thresholds: Thresholds) -> None:
+    def __init__(self, thresholds: Thresholds, stops: bool = True) -> None:
+        """`stops`: the run stops at its first error (`stop_on="error"`)."""
         self.thresholds = thresholds
+        self.stops = stops
         self.interval = 1
         # steps to scan at: (the step whose gradient jump, or loss rise, to confirm
         # there), or None: scan regardless
@@ -95,7 +100,7 @@ class ScanSchedule:
         if self._act_moved(trace, th) and "sudden" not in woke:
             woke = frozenset({"sudden", *woke})
         self.woken = self._sampled_wake(trace, th)
-        if self.woken or "slow" in woke:
+        if (self.woken and self.stops) or "slow" in woke:
             self._confirm[step + th.patience] = None
         if "rise" in woke:
             self._held(step + th.patience, step, -1)

@@ -161,7 +161,7 @@ class Watch:
                             layer_hooks=layer_hooks,
                             on_step=self._on_step, on_error=self._on_error)
         self._active = False
-        self._schedule = ScanSchedule(th)
+        self._schedule = ScanSchedule(th, stops=stop_on == "error")
         self._seen = 0
 
     def __enter__(self) -> Run:

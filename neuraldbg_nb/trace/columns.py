@@ -178,6 +178,7 @@ class Trace:
         self._first_grad = np.zeros(0, np.float32)
         self._first_loss = math.nan
         self._version = 0
+        self._row_nbytes = (-1, 0)  # (layers, bytes of a row then): `row_nbytes`
         self.ended = False
         """The run's last update is in the last row (its weight norms, written as the
         watch ends: `record.weights`), with no step after it to judge it: detection judges
@@ -402,9 +403,13 @@ class Trace:
 
     @property
     def row_nbytes(self) -> int:
-        """Bytes of one step (one row) of the trace."""
-        per_row = sum(a.itemsize * a.shape[1] for a in self._layer_cols.values())
-        return per_row + sum(a.itemsize for a in self._step_cols.values())
+        """Bytes of one step (one row) of the trace: worked out again only when a layer
+        was added (the watch asks at every step)."""
+        n = len(self.layers)
+        if self._row_nbytes[0] != n:
+            per_row = sum(a.itemsize * a.shape[1] for a in self._layer_cols.values())
+            self._row_nbytes = (n, per_row + sum(a.itemsize for a in self._step_cols.values()))
+        return self._row_nbytes[1]
 
     @property
     def tail_nbytes(self) -> int:

@@ -31,6 +31,7 @@ def test_eval_mode_held_for_eval_steps_is_an_error_dated_from_its_start(chunk):
                                                      (89, "error")], modes
     first = first_failure(events, ndbg.Thresholds())
     assert (first.kind, first.step) == ("eval_mode", 40), first
-    assert "for 50 steps in a row" in modes[-1].message
+    assert "from step 40:" in modes[1].message
+    assert "for 50 steps in a row by step 89:" in modes[-1].message, "not from step 89"
     _, det, _ = live_scan(layers, cols, scalars, chunk=chunk)
     assert [same(e) for e in det.events] == [same(e) for e in events]

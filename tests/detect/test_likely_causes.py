@@ -60,10 +60,17 @@ def _said_everywhere(run: ndbg.Run, tmp_path) -> list[Cause]:
     assert panel_state.panel_state(run, with_values=True)["likely_causes"] == texts
     assert Panel(run).likely_causes == texts
     loaded = ndbg.load(run.save(tmp_path / "run"))
-    assert loaded.likely_causes == causes
+    assert [_fields(c) for c in loaded.likely_causes] == [_fields(c) for c in causes]
     assert [line for line in str(loaded).splitlines() if "a likely cause" in line] == \
         [f"  {text}" for text in texts]
     return causes
+
+
+def _fields(cause: Cause) -> tuple:
+    """A cause's fields, NaN read as None (a cause known at its own step has no
+    `previous`), so that two equal causes compare equal."""
+    return tuple(None if isinstance(x, float) and math.isnan(x) else x
+                 for x in vars(cause).values())
 
 
 def test_a_learning_rate_raised_before_the_failure_is_its_likely_cause(tmp_path) -> None:
@@ -106,6 +113,28 @@ def test_weights_multiplied_outside_the_optimizer_are_the_likely_cause(tmp_path)
     assert edit.previous < run.thresholds.max_update  # the optimizer's own step was small
     assert edit.text == (f"its weights were changed outside the optimizer "
                          f"({edit.value:.3g}x their size) during step {S}: a likely cause")
+
+
+def test_a_weight_set_to_infinity_outside_the_optimizer_is_said_in_words(tmp_path) -> None:
+    """One element of a hidden layer's weights set to inf in place at step 40: the edit is
+    the likely cause beside the first failure at that layer and step, its size said in
+    words (an infinite multiple of the weights' size is no number to print)."""
+    layer = mlp().layers["mid"]
+
+    def set_inf(setup):
+        def hit(step, model, opt):
+            if step == S:
+                with torch.no_grad():
+                    weight_of(model, layer).view(-1)[0] = math.inf
+        return {"on_step_start": hit}
+
+    run = trained(set_inf)
+    root = run.first_failure
+    assert root is not None and (root.layer, root.step) == (layer, S), root
+    edits = [c for c in _said_everywhere(run, tmp_path) if c.kind == "edited"]
+    assert [(c.step, c.layer) for c in edits] == [(S, layer)], run.likely_causes
+    assert "(off all-zero weights or to non-finite values)" in edits[0].text
+    assert "infx" not in str(run)
 
 
 def test_a_healthy_run_has_no_likely_cause(tmp_path) -> None:

@@ -144,3 +144,27 @@ def test_sampled_wake_fires_on_a_new_condition_not_on_a_layer_at_the_line() -> N
     first = build([("relu", "relu")], {"dead_frac": np.full((1, 1), 0.9)},
                   {"sampled": np.ones(1)}, n=1)
     assert SampledWake()(first, th), "the first sample is judged on its own"
+
+
+def test_a_wide_models_jump_test_answers_as_the_loops_do() -> None:
+    """`jump_held` compares a `WIDE` model's columns as arrays: on random gradient norms
+    with jumps, zeros, non-finite and missing values, it answers as the per-layer loops
+    do on the same columns (a narrow trace of each layer alone)."""
+    th = ndbg.Thresholds()
+    rng = np.random.default_rng(0)
+    answers = []
+    for _ in range(60):
+        n, width = th.window + 8, WIDE
+        grad = 10.0 ** rng.normal(-1.0, 0.3, (n, width))
+        at = int(rng.integers(th.window // 2, n - 1))
+        jumped = rng.random(width) < 0.1
+        grad[at:, jumped] *= 10.0 ** rng.choice([-2.5, 2.5], jumped.sum())
+        for bad in (0.0, math.inf, math.nan):
+            grad[rng.random((n, width)) < 0.03] = bad
+        wide = jump_held(build([(f"l{i}", "other") for i in range(width)],
+                               {"grad_norm": grad}, n=n), th, at)
+        narrow = any(jump_held(build([("a", "other")], {"grad_norm": grad[:, [j]]}, n=n),
+                               th, at) for j in range(width))
+        assert wide == narrow
+        answers.append(wide)
+    assert any(answers) and not all(answers), "both answers occur"

@@ -88,6 +88,11 @@ def test_the_scripts_exit_code_is_kept_and_the_run_saved(tmp_path, ending, code,
     if code == 1:
         assert "ValueError: bad config" in done.stderr
         assert 'File "' in done.stderr and "main.py" in done.stderr
+        # as python prints it: from the script's own frame on
+        tb = done.stderr[done.stderr.index("Traceback"):]
+        assert "cli.py" not in tb and "runpy" not in tb, tb
+        assert tb.splitlines()[1].strip().startswith('File "') and "main.py" in \
+            tb.splitlines()[1], tb
     run = ndbg.load(tmp_path / "out.npz")
     assert run.status == status and run.trace.n_steps == 30
 

@@ -62,3 +62,28 @@ def test_a_view_is_scanned_for_as_often_as_scans_stay_within_its_budget() -> Non
         schedule.scanned(cost)
         assert np.isclose(schedule.view_latency, latency), cost
         assert cost / schedule.view_latency <= ScanSchedule.VIEW_BUDGET or latency == 1.0
+
+
+def test_a_dead_fraction_crossing_is_scanned_for_only_where_the_run_stops_at_errors() -> None:
+    """A ReLU layer's dead fraction crossing its line at a sampled step is scanned for
+    `patience` steps later where the run stops at its first error, so that it stops soon
+    after; otherwise the layer is still named for capture at that step (`woken`), and the
+    batch scans find its event."""
+    th = ndbg.Thresholds()
+    dead = np.full((40, 1), np.nan)
+    dead[0:40:10] = 0.1
+    dead[30] = 0.9  # crosses at the sampled step 30
+    sampled = np.zeros(40)
+    sampled[0:40:10] = 1.0
+    cols = {"grad_norm": np.full((40, 1), 0.1), "dead_frac": dead}
+    scalars = {"loss": np.full(40, 0.5), "sampled": sampled}
+    for stops in (True, False):
+        schedule, det = ScanSchedule(th, stops=stops), Detection(th)
+        schedule.interval = 1000  # no batch scan: only the schedule's reasons count
+        due, woken = {}, {}
+        for k in range(1, 40):
+            det.steps_done = k - 1  # the newest step pending
+            due[k - 1] = schedule.due(build([("relu", "relu")], cols, scalars, n=k), det)
+            woken[k - 1] = schedule.woken
+        assert woken[30] == [0], stops
+        assert due[30 + th.patience] is stops, stops
