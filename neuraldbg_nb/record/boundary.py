@@ -217,10 +217,12 @@ class Boundary:
         scalars["hooked"] = float(self.hooked)
         if self._replay is not None:
             total = grad_total(row["grad_norm"].tolist())
+            finite = all(math.isfinite(v[p]) for p in g_pos) and not (
+                self._backwards.any_heard and not math.isfinite(scalars["loss"]))
             if step > 0:
                 lr_b = float(trace.scalar("lr", step - 1, step)[0])
                 self._hook_next = lr_moved(lr_b, float(scalars["lr"]))
-                if not self.hooked and self._went_wrong(step, scalars, total, g_pos, v,
+                if not self.hooked and self._went_wrong(step, scalars, total, finite,
                                                         edited_by):
                     replayed = self._replayed(n)
                     if replayed is not None:
@@ -228,7 +230,7 @@ class Boundary:
                         scalars["hooked"] = 1.0
                         self._last_hooked = step
             self._recent.add(step, float(scalars["loss"]), total,
-                             float(scalars.get("in_absmax", math.nan)))
+                             float(scalars.get("in_absmax", math.nan)), finite)
         trace.append(row, scalars)
 
         held = self._forward.held
@@ -242,18 +244,23 @@ class Boundary:
             self._timer.end_interval(step, t_enter)
 
     def _went_wrong(self, step: int, scalars: dict[str, float], total: float,
-                    g_pos: list[int], v: list[float], edited_by: list[float] | None) -> bool:
+                    finite: bool, edited_by: list[float] | None) -> bool:
         """Whether an unhooked step's every-step numbers say its forward went wrong
         (`replay.anomalous`, `replay.edited`): its loss and its gradients' total norm
         (`total`) against the `RECENT` steps before, its input's abs-max against the step
         before, and the weight norms the last update left (written into the trace one
-        step late, so the rows of the two updates before this forward)."""
+        step late, so the rows of the two updates before this forward). Not where they
+        are not finite (`finite`), nor were the step before's: a run that stays
+        non-finite went wrong at its first such step, which was replayed, and a replay of
+        each step after it (whose weights, moved to non-finite values, read as edited)
+        would cost a forward each and find nothing new."""
+        if not finite and not self._recent.finite_before(step):
+            return False
         trace = self._trace
         weights = trace.col("param_norm", step - 2, step).tolist() if step >= 2 else []
         losses, totals = self._recent.since(max(trace.full_from, step - RECENT))
         if anomalous(
-                scalars["loss"], self._backwards.any_heard,
-                all(math.isfinite(v[p]) for p in g_pos), total, losses, totals,
+                scalars["loss"], self._backwards.any_heard, finite, total, losses, totals,
                 inputs=(self._recent.input_before(step),
                         float(scalars.get("in_absmax", math.nan))),
                 weights=(weights[0], weights[1]) if len(weights) == 2 else ([], [])):
@@ -285,7 +292,12 @@ class Boundary:
 
 def _factor(moved: float, norm: float) -> float:
     """A weight slice's move over its norm (`w_edited`): 0 where it did not move, inf
-    where it moved off all-zero weights or to non-finite values, NaN where not read."""
+    where it moved off all-zero weights or to non-finite values, NaN where not read or
+    where the weights were not finite as the last update left them (whatever they read
+    now, no edit can be told from that: a run gone non-finite would read as edited at
+    every step)."""
+    if not norm < math.inf:
+        return math.nan
     if moved == 0.0 or moved == math.inf:
         return moved
     return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)

@@ -254,16 +254,25 @@ class Recent:
     every step would cost a dozen array calls."""
 
     def __init__(self) -> None:
-        self._rows: deque[tuple[int, float, float, float]] = deque(maxlen=RECENT)
+        self._rows: deque[tuple[int, float, float, float, bool]] = deque(maxlen=RECENT)
 
-    def add(self, step: int, loss: float, total: float, in_absmax: float) -> None:
-        """Step `step` closed with this loss, gradients' total norm and input abs-max."""
-        self._rows.append((step, loss, total, in_absmax))
+    def add(self, step: int, loss: float, total: float, in_absmax: float,
+            finite: bool = True) -> None:
+        """Step `step` closed with this loss, gradients' total norm and input abs-max, and
+        its loss and gradients were all finite or not (`finite`)."""
+        self._rows.append((step, loss, total, in_absmax, finite))
 
     def since(self, first: int) -> tuple[list[float], list[float]]:
         """The losses and totals of the steps kept from `first` on."""
         rows = [r for r in self._rows if r[0] >= first]
         return [r[1] for r in rows], [r[2] for r in rows]
+
+    def finite_before(self, step: int) -> bool:
+        """Were the every-step numbers of the step before `step` finite (its loss and
+        gradients; True where it was not kept: nothing says otherwise)?"""
+        if self._rows and self._rows[-1][0] == step - 1:
+            return self._rows[-1][4]
+        return True
 
     def input_before(self, step: int) -> float:
         """The input abs-max of the step before `step` (NaN where it was not kept)."""

@@ -65,9 +65,9 @@ LAYER_COLUMNS: tuple[str, ...] = (
                       # no gradient in the step (every step; `record.membership.Membership.cut`)
     "w_edited",       # |w_now - w_after_last_update| / |w_after_last_update| as the step's
                       # update begins, of the first EDIT_PROBE elements of param_norm's
-                      # slice: how far the weights
-                      # moved outside the optimizer before the step's forward (every step
-                      # from the second on; `record.weights.WeightProbe.queue`)
+                      # slice: how far the weights moved outside the optimizer before the
+                      # step's forward (every step from the second on, NaN where the last
+                      # update left them non-finite; `record.weights.WeightProbe.queue`)
 )
 """Per layer-step columns. NaN means "not measured at this step"."""
 

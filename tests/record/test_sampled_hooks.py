@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 import neuraldbg_nb as nd
+from neuraldbg_nb.detect.wake import wake
 
 
 def _model() -> nn.Module:
@@ -73,6 +74,31 @@ def test_a_nan_at_an_unhooked_step_is_found_at_its_step_and_layer(at):
     assert (ff.step, ff.layer, ff.kind) == (at, "4", "nonfinite_activation"), ff
     cap = run.inspect(ff)
     assert cap.step == at and not torch.isfinite(cap["output"]).all()
+
+
+def test_a_run_that_stays_non_finite_is_replayed_at_its_first_such_step_only():
+    """A NaN put into a weight at step 13 spreads to every weight with the update and
+    stays: the step it began is replayed (its first failure found there, at its layer),
+    the unhooked steps after it, all non-finite as well, are not: each would cost a
+    forward and find nothing new. Nor do the weights, non-finite as each update leaves
+    them, read as edited outside the optimizer (`w_edited`), which would wake a scan at
+    every step."""
+    at = 13
+
+    def edit(step, model):
+        if step == at:
+            with torch.no_grad():
+                model[4].weight[3, 5] = math.nan
+
+    model = _model()
+    with nd.watch(model, report=False) as run:
+        _train(model, _batches(40), edit=edit)
+    ff = run.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (at, "4", "nonfinite_activation"), ff
+    assert not np.isfinite(run.trace.scalar("loss")[at:]).any()  # it stayed
+    assert run.recorder.replays == 1
+    assert not np.isinf(run.trace.col("w_edited")[at + 2:]).any()
+    assert not wake(run.trace, run.thresholds), "the newest step is nothing new"
 
 
 def test_training_is_bit_identical_with_replays():
