@@ -217,7 +217,8 @@ class Boundary:
         scalars["hooked"] = float(self.hooked)
         if self._replay is not None:
             total = grad_total(row["grad_norm"].tolist())
-            finite = all(math.isfinite(v[p]) for p in g_pos) and not (
+            # (norms are never negative: their sum is finite where each one is)
+            finite = math.isfinite(sum(map(v.__getitem__, g_pos))) and not (
                 self._backwards.any_heard and not math.isfinite(scalars["loss"]))
             if step > 0:
                 lr_b = float(trace.scalar("lr", step - 1, step)[0])
