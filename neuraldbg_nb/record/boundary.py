@@ -253,8 +253,7 @@ class Boundary:
         step late, so the rows of the two updates before this forward). Not where they
         are not finite (`finite`), nor were the step before's: a run that stays
         non-finite went wrong at its first such step, which was replayed, and a replay of
-        each step after it (whose weights, moved to non-finite values, read as edited)
-        would cost a forward each and find nothing new."""
+        each step after it would cost a forward each and find nothing new."""
         if not finite and not self._recent.finite_before(step):
             return False
         trace = self._trace

@@ -257,7 +257,7 @@ class Recent:
         self._rows: deque[tuple[int, float, float, float, bool]] = deque(maxlen=RECENT)
 
     def add(self, step: int, loss: float, total: float, in_absmax: float,
-            finite: bool = True) -> None:
+            finite: bool) -> None:
         """Step `step` closed with this loss, gradients' total norm and input abs-max, and
         its loss and gradients were all finite or not (`finite`)."""
         self._rows.append((step, loss, total, in_absmax, finite))

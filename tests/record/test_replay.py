@@ -159,11 +159,14 @@ def test_the_gradients_total_is_over_the_layers_measured():
 def test_recent_steps_are_read_from_a_first_step_on():
     recent = Recent()
     for step in range(12):
-        recent.add(step, loss=float(step), total=10.0 + step, in_absmax=100.0 + step)
+        recent.add(step, loss=float(step), total=10.0 + step, in_absmax=100.0 + step,
+                   finite=step != 11)
     losses, totals = recent.since(6)
     assert losses == [6.0, 7.0, 8.0, 9.0, 10.0, 11.0] and totals[0] == 16.0
     assert len(recent.since(0)[0]) == RECENT  # only the last RECENT are kept
     assert recent.input_before(12) == 111.0 and math.isnan(recent.input_before(14))
+    assert not recent.finite_before(12) and recent.finite_before(11)
+    assert recent.finite_before(14), "a step not kept says nothing"
 
 
 def _watched(mode: str, fault_at: int):
