@@ -30,7 +30,7 @@ from .ran import hooked
 from .thresholds import Thresholds
 
 
-def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
+def wake(trace: Trace, th: Thresholds, measured: bool = True) -> frozenset[str]:
     """Whether the newest step may start an event (judged on the columns measured every
     step; sampled ones are compared by `SampledWake`), as the set of reasons to scan:
     empty if none; "sudden" where an event would be reported at this step (scan now);
@@ -48,7 +48,8 @@ def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
     CPU's caches, so it reads the two rows as Python floats and compares them in plain
     loops: as whole-row numpy ops, each call paying its cold start, it costs more than
     twice as much a step. From `WIDE` layers on, the loops cost more: there it compares
-    arrays (`_Rows`)."""
+    arrays (`_Rows`). `measured`: False where the caller knows that the newest step's
+    layer outputs were not measured (its hooks were off): no activations are compared."""
     t = trace.n_steps - 1
     if t < 0:
         return NONE
@@ -60,7 +61,7 @@ def wake(trace: Trace, th: Thresholds) -> frozenset[str]:
     # activations where both steps were hooked (`ran.hooked`); a hooked step after unhooked
     # ones is compared with the last hooked one by the live schedule (`live.scans`)
     act_b, act = rows.of(trace.col("act_absmax", t - 1, t + 1)) \
-        if hooked(trace, t - 1, t + 1).all() else rows.none
+        if measured and hooked(trace, t - 1, t + 1).all() else rows.none
     grad_b, grad = rows.of(trace.col("grad_norm", t - 1, t + 1))
     # the weight norm after an update reaches the trace with the next step: one step back
     w_b, w = rows.of(trace.col("param_norm", t - 2, t)) if t >= 2 else rows.none

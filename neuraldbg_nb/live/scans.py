@@ -96,8 +96,10 @@ class ScanSchedule:
         self._time_step(now)
         step = trace.n_steps - 1
         th = self.thresholds
-        woke = wake(trace, th)
-        if self._act_moved(trace, th) and "sudden" not in woke:
+        # (NaN: a file from before the column, measured)
+        measured = step >= 0 and trace.scalar("hooked", step, step + 1)[0] != 0
+        woke = wake(trace, th, measured)
+        if measured and self._act_moved(trace, th) and "sudden" not in woke:
             woke = frozenset({"sudden", *woke})
         self.woken = self._sampled_wake(trace, th)
         if (self.woken and self.stops) or "slow" in woke:

@@ -175,9 +175,7 @@ class Boundary:
 
         n = trace.n_layers
         row: dict[str, np.ndarray] = self._forward.columns(v, n)
-        moves = list(edits) if edits is not None else []
-        norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts,
-                                         *moves], n)
+        norms = step_row.layer_norms(v, [(g_pos, [i for _, i in with_grad]), *weight_parts], n)
         row["grad_norm"] = norms[0]
         # every gradient exactly 0 after a backward (the test stops at the first that is
         # not 0: at once, in a step that trains)
@@ -192,13 +190,14 @@ class Boundary:
             self._steps.membership.column(self._models, n)
         if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)
             row["grad_unheld"] = unheld
-            cut = self._steps.membership.cut(self._models, norms[0], self._backwards.any_heard)
+            cut = self._steps.membership.cut(self._models, norms[0], self._backwards.any_heard,
+                                             every_weight=len(with_grad) == len(params))
             if cut is not None:  # (held weights that got no gradient)
                 row["grad_cut"] = cut
         self._weights.record(trace, step - 1, norms[1:1 + len(weight_parts)], v)
         edited_by = None
-        if moves:  # (`w_edited`: the moves over the norms the last update left)
-            edited_by = [_factor(d, w) for d, w in zip(norms[-2].tolist(), norms[-1].tolist())]
+        if edits is not None:  # (`w_edited`: the moves over the norms the last update left)
+            edited_by = edits.factors(v, sc, n)
             row["w_edited"] = np.array(edited_by, np.float32)
 
         eval_layers = self._backwards.eval_layers
@@ -288,19 +287,6 @@ class Boundary:
         """At exit: the last update's weight norms go into the last row."""
         if self._weights.flush(self._trace, self._sc):
             self.new_step()
-
-
-def _factor(moved: float, norm: float) -> float:
-    """A weight slice's move over its norm (`w_edited`): 0 where it did not move, inf
-    where it moved off all-zero weights or to non-finite values, NaN where not read or
-    where the weights were not finite as the last update left them (whatever they read
-    now, no edit can be told from that: a run gone non-finite would read as edited at
-    every step)."""
-    if not norm < math.inf:
-        return math.nan
-    if moved == 0.0 or moved == math.inf:
-        return moved
-    return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)
 
 
 def _with_grad(params: list[tuple[str, nn.Parameter, int]]

@@ -353,10 +353,11 @@ class Forward:
         if n > self._called:  # layers first called in this step: a mask of -inf by design?
             self._masks |= step_row.masking(self._c_idx, mins, maxs, self._called)
             self._called = n
+        if not self._c_idx:  # a step whose layers were not hooked keeps the last levels
+            return {"act_absmax": np.full(n, math.nan, np.float32)}
         row = {"act_absmax": step_row.absmax(self._c_idx, mins, maxs, n, self._masks)}
-        if self._c_idx:  # a step whose layers were not hooked keeps the last levels
-            self.activations_seen = True
-            self._last_absmax = row["act_absmax"].tolist()
+        self.activations_seen = True
+        self._last_absmax = row["act_absmax"].tolist()
         if self._rich:
             row.update(step_row.rich_columns(self._rich, v, n))
         return row

@@ -114,18 +114,22 @@ class Membership:
                 if i is not None and p.grad is not None:
                     self._graded.add(i)
 
-    def cut(self, models: Models, grad_norm: np.ndarray, backward_ran: bool) -> np.ndarray | None:
+    def cut(self, models: Models, grad_norm: np.ndarray, backward_ran: bool,
+            every_weight: bool = False) -> np.ndarray | None:
         """The step's `grad_cut` per layer (`CUT`, `MODEL_CUT`, `UNUSED`; 0 for the other
         layers with weights an optimizer holds, NaN for the rest), from the step's
         gradient norms (NaN: no gradient) and the layers that had one at another
         optimizer's step; None where it cannot be told (no backward, no optimizer, or
         no layer had a gradient: `no_gradients`). Only layers without a gradient are
-        looked at, one by one."""
+        looked at, one by one. `every_weight`: every watched weight has a gradient this
+        step, so no layer lacks one (the usual step, told without reading the norms)."""
         graded, self._graded = self._graded, set()
         n = len(grad_norm)
         if not backward_ran or not self._opts or len(self._base) != n:
             return None
         held = self._cut_base
+        if every_weight:
+            return held
         missing = np.isnan(grad_norm) & (held == 0)
         if not missing.any():
             return held

@@ -7,7 +7,9 @@ ops is the cost: here the slices of all weights of one device and dtype are copi
 `torch.cat` into one flat buffer; the norms of the slices of one length, where there are
 `STACKED` or more of them, come from one `vector_norm` over a 2-D view of it, and those
 of all other slices from one `_foreach_norm`. A watch of a hundred layers pays about as
-many ops as one of ten.
+many ops as one of ten. The edit check before each update (`_Group.edit_totals`) reads
+two norms over all the slices of a group, and a norm per slice only where one moved: on
+the CPU a `_foreach_norm` costs about a microsecond a tensor however small it is.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class _Group:
         self._lone = [(o + j * n, n) for r, j in self.where
                       for o, k, n in (self.runs[r],) if k < STACKED]  # (offset, length)
         self._lone_kept = self.lone_views(self.kept)
-        self._layouts: dict[int, list[list[int]]] = {}
+        self._layout_of: list[int] | None = None
         # the edit check's copy: the first `edit` elements of each slice, run by run
         self._edit = edit
         self._edit_runs = []  # per run: (offset in the edit buffer, length read)
@@ -79,13 +81,16 @@ class _Group:
             at += k * e
         with torch.inference_mode(False):
             self.edits = torch.empty(at, dtype=first.dtype, device=first.device)
+            self.heads = torch.empty(at, dtype=first.dtype, device=first.device)
+            # where each element of `heads` lies in `kept`, run by run, row by row
+            self._head_index = torch.cat([
+                (o + torch.arange(k, device=first.device).unsqueeze(1) * n
+                 + torch.arange(min(n, edit), device=first.device)).reshape(-1)
+                for o, k, n in self.runs])
+        self._edit_views = [  # per slice in buffer order: its part of `edits` and `heads`
+            (self.edits[oe + j * e:][:e], self.heads[oe + j * e:][:e])
+            for r, j in self.where for oe, e in (self._edit_runs[r],)]
         self._edit_heads = [t[:edit] for t, again in self._sources if not again]
-        lone = [(r, j) for r, j in self.where if self.runs[r][1] < STACKED]
-        self._edit_lone = (  # per lone slice: its kept head, its head now
-            [self.kept[self.runs[r][0] + j * self.runs[r][2]:][:self._edit_runs[r][1]]
-             for r, j in lone],
-            [self.edits[self._edit_runs[r][0] + j * self._edit_runs[r][1]:]
-             [:self._edit_runs[r][1]] for r, j in lone])
 
     def edit_parts(self) -> list[torch.Tensor]:
         """The first `edit` elements of each slice now, as the views `torch.cat` reads."""
@@ -94,50 +99,49 @@ class _Group:
         return [t.reshape(-1)[:self._edit] if again else t[:self._edit]
                 for t, again in self._sources]
 
-    def kept_and_moved(self, sc: Scalars) -> list[list[int]]:
-        """Positions on `sc`, per slice in buffer order, of the norms of (the kept copy,
-        how far the first `edit` elements moved since it was kept, those elements as
-        kept): their current values are copied in one op and the kept ones taken off;
-        then each stacked run's three norms, and one `_foreach_norm` for the others."""
-        base = len(sc)
+    def edit_totals(self, sc: Scalars) -> tuple[int, int]:
+        """Positions on `sc` of two norms over all the slices: of how far their first
+        `edit` elements moved since the copy was kept, and of those elements as kept. The
+        first is 0 exactly where no slice moved (a sum of squares is 0 only where each
+        one is), and the second finite where every slice's is: the step that no edit
+        touched, the usual one, needs no norm per slice (`edit_norms`). Both buffers
+        stay as they are until the next call, for `edit_norms`."""
         torch.cat(self.edit_parts(), out=self.edits)
-        for r in self.stacked:
-            o, k, n = self.runs[r]
-            oe, e = self._edit_runs[r]
-            kept = self.kept[o:o + k * n].view(k, n)
-            now = self.edits[oe:oe + k * e].view(k, e)
-            now.sub_(kept[:, :e])
-            for m in (kept, now, kept[:, :e]):
-                sc.add_row(torch.linalg.vector_norm(m, dim=1, dtype=self.wide))
-        heads, nows = self._edit_lone
-        if heads:
-            torch._foreach_sub_(nows, heads)
-            sc.extend(list(torch._foreach_norm(self._lone_kept + nows + heads, 2,
-                                               dtype=self.wide)), one_device=True)
-        return [[base + x for x in at] for at in self._layout(3)]
+        torch.index_select(self.kept, 0, self._head_index, out=self.heads)
+        self.edits.sub_(self.heads)
+        return (sc.add(torch.linalg.vector_norm(self.edits, dtype=self.wide)),
+                sc.add(torch.linalg.vector_norm(self.heads, dtype=self.wide)))
 
-    def _layout(self, passes: int) -> list[list[int]]:
-        """Where `norms` (1 pass) or `kept_and_moved` (3) puts each slice's norms, per
-        slice in buffer order, counted from the first value: each stacked run's rows
-        `passes` times in turn, then the lone slices' as many times. Worked out once."""
-        if passes not in self._layouts:
+    def edit_norms(self, sc: Scalars) -> tuple[list[int], list[int]]:
+        """Positions on `sc`, per slice in buffer order, of the norms of its move and of
+        its first elements as kept, read from the buffers of the last `edit_totals`
+        (a step where some slice moved: one op for all of them)."""
+        moved = [m for m, _ in self._edit_views]
+        heads = [h for _, h in self._edit_views]
+        start = sc.extend(list(torch._foreach_norm(moved + heads, 2, dtype=self.wide)),
+                          one_device=True)
+        k = len(moved)
+        return list(range(start, start + k)), list(range(start + k, start + 2 * k))
+
+    def _layout(self) -> list[int]:
+        """Where `norms` puts each slice's norm, per slice in buffer order, counted from
+        the first value: each stacked run's rows in turn, then the lone slices'. Worked
+        out once."""
+        if self._layout_of is None:
             run_at: dict[int, int] = {}
             at = 0
             for r in self.stacked:
                 run_at[r] = at
-                at += passes * self.runs[r][1]
-            lone = len(self._lone)
-            out: list[list[int]] = []
-            seen = 0
+                at += self.runs[r][1]
+            out: list[int] = []
             for r, j in self.where:
                 if r in run_at:
-                    k = self.runs[r][1]
-                    out.append([run_at[r] + q * k + j for q in range(passes)])
+                    out.append(run_at[r] + j)
                 else:
-                    out.append([at + q * lone + seen for q in range(passes)])
-                    seen += 1
-            self._layouts[passes] = out
-        return self._layouts[passes]
+                    out.append(at)
+                    at += 1
+            self._layout_of = out
+        return self._layout_of
 
     def lone_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """The slices of `flat` (the buffer, or a copy like it) that are not in a stacked
@@ -156,7 +160,7 @@ class _Group:
         if self._lone:
             views = self._lone_kept if flat is self.kept else self.lone_views(flat)
             sc.extend(list(torch._foreach_norm(views, 2, dtype=self.wide)), one_device=True)
-        return [base + at[0] for at in self._layout(1)]
+        return [base + at for at in self._layout()]
 
     def parts(self) -> list[torch.Tensor]:
         """The slices' current values, as the views `torch.cat` reads."""
@@ -223,15 +227,24 @@ class Slices:
         (the update's move, where `copy` was taken before it)."""
         return self._norms(sc, [g.kept - c for g, c in zip(self._groups, copy)])
 
-    def kept_and_moved(self, sc: Scalars) -> tuple[list[int], list[int], list[int]]:
-        """Positions on `sc` of the kept copy's norms, of how far the first `edit`
-        elements of the slices (all of them by default) moved since it was kept, and of
-        those elements' kept norms (what the move is measured against)."""
-        kept, moved, heads = [0] * self._n, [0] * self._n, [0] * self._n
+    def kept_and_edit_totals(self, sc: Scalars) -> tuple[list[int], list[int]]:
+        """Positions on `sc` of the kept copy's norms, per weight, and of each group's
+        two edit totals (`_Group.edit_totals`), in pairs: what `kept_and_moved` tells per
+        weight, told for all at once where nothing moved."""
+        totals: list[int] = []
         for g in self._groups:
-            for i, (p, q, h) in zip(g.index, g.kept_and_moved(sc)):
-                kept[i], moved[i], heads[i] = p, q, h
-        return kept, moved, heads
+            totals.extend(g.edit_totals(sc))
+        return self.kept_norms(sc), totals
+
+    def edit_norms(self, sc: Scalars) -> tuple[list[int], list[int]]:
+        """Positions on `sc`, per weight, of the norms of its slice's move and of its
+        first elements as kept, from the last `kept_and_edit_totals`."""
+        moved, heads = [0] * self._n, [0] * self._n
+        for g in self._groups:
+            m, h = g.edit_norms(sc)
+            for i, p, q in zip(g.index, m, h):
+                moved[i], heads[i] = p, q
+        return moved, heads
 
     def unchanged(self, sc: Scalars, copy: list[torch.Tensor]
                   ) -> tuple[list[int], list[int], list[int]]:

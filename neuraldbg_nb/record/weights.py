@@ -10,6 +10,7 @@ written into the row of the step they belong to, one step late (`record`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -115,14 +116,14 @@ class WeightProbe:
                 self._update = (m + moved, m_idx + idx, b, b_idx)
 
     def queue(self, sc: reductions.Scalars, edits: bool
-              ) -> tuple[list[Part], tuple[Part, Part] | None]:
+              ) -> tuple[list[Part], EditCheck | None]:
         """At the step boundary: the norms waiting for the transfer, for
         `step_row.layer_norms`: the weights as the last update left them and, if it was
         measured, its moved and before norms; and, where `edits` (the optimizer is about
-        to update them), how far the first `EDIT_PROBE` elements of each slice moved
-        since that update, and their norms then: a weight changed outside the optimizer,
-        before the step's forward. No moves where there is no such copy (the first step,
-        a weight replaced or frozen since)."""
+        to update them), the check of how far the first `EDIT_PROBE` elements of each
+        slice moved since that update (`EditCheck`): a weight changed outside the
+        optimizer, before the step's forward. No check where there is no such copy (the
+        first step, a weight replaced or frozen since)."""
         last, self._last = self._last, None
         if last is None:
             self._update = self._unmoved = None
@@ -130,8 +131,8 @@ class WeightProbe:
         s, idx = last
         moves = None
         if edits and s is self._set:
-            post, moved, heads = s.kept_and_moved(sc)
-            moves = ((moved, idx), (heads, idx))
+            post, totals = s.kept_and_edit_totals(sc)
+            moves = EditCheck(s, idx, totals)
         else:
             post = s.kept_norms(sc)
         parts: list[Part] = [(post, idx)]
@@ -183,6 +184,46 @@ class WeightProbe:
         """Drop the copies kept (the watch ends or failed)."""
         self._before = None
         self._last = None
+
+
+class EditCheck:
+    """How far each layer's weights moved outside the optimizer since its last update
+    (`w_edited`), queued at the step boundary (`WeightProbe.queue`) and read after its
+    transfer (`factors`)."""
+
+    def __init__(self, slices: Slices, idx: list[int], totals: list[int]) -> None:
+        self._slices = slices
+        self._idx = idx
+        self._totals = totals  # per group of slices: (moved, as kept) over all its slices
+
+    def factors(self, v: list[float], sc: reductions.Scalars, n: int) -> list[float]:
+        """Each of `n` layers' move over its norm as kept (`factor`), from the transfer
+        `v`. Where no slice moved and every slice is finite (the totals say so), that is
+        0 for each layer with weights without a norm per slice; otherwise the slices' norms
+        are read in a transfer of their own (`sc`, emptied by the step's): the step an
+        edit touched."""
+        t = self._totals
+        if all(v[m] == 0.0 and math.isfinite(v[h]) for m, h in zip(t[::2], t[1::2])):
+            out = [math.nan] * n
+            for i in self._idx:
+                out[i] = 0.0
+            return out
+        moved, heads = self._slices.edit_norms(sc)
+        rows = layer_norms(sc.to_host(), [(moved, self._idx), (heads, self._idx)], n)
+        return [factor(d, w) for d, w in zip(rows[0].tolist(), rows[1].tolist())]
+
+
+def factor(moved: float, norm: float) -> float:
+    """A weight slice's move over its norm (`w_edited`): 0 where it did not move, inf
+    where it moved off all-zero weights or to non-finite values, NaN where not read or
+    where the weights were not finite as the last update left them (whatever they read
+    now, no edit can be told from that: a run gone non-finite would read as edited at
+    every step)."""
+    if not norm < math.inf:
+        return math.nan
+    if moved == 0.0 or moved == math.inf:
+        return moved
+    return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)
 
 
 def _unmoved(s: Slices, before: list[torch.Tensor], idx: list[int],
