@@ -49,12 +49,17 @@ class Ramps:
         self._kept: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
     def like(self, flat: torch.Tensor) -> torch.Tensor:
+        """The weights for `flat` (at most `RAMP_MAX` of them); for a batch of up to
+        `ONE_OP_MAX` elements, the rows of ones and weights (`_sums`)."""
         key = (flat.numel(), flat.dtype, flat.device)
         ramp = self._kept.get(key)
         if ramp is None:
             if len(self._kept) >= self.KEEP:
                 self._kept.pop(next(iter(self._kept)))
-            ramp = self._kept[key] = _scattered(key[0]).to(device=key[2], dtype=key[1])
+            ramp = _scattered(key[0]).to(device=key[2], dtype=key[1])
+            if key[0] <= ONE_OP_MAX:
+                ramp = torch.stack([torch.ones_like(ramp), ramp])
+            self._kept[key] = ramp
         return ramp
 
     def release(self) -> None:
@@ -75,12 +80,13 @@ def input_batch(x: torch.Tensor, rich: bool, into: reductions.Scalars, ramps: Ra
     flat = reductions.dense(xf)
     flat = (xf.contiguous() if flat is None else flat).view(-1)
     mn, mx = reductions.min_max(flat)
-    values = (mn, mx, flat.sum(dtype=reductions.acc_dtype(flat)), _weighed(flat, ramps))
-    if all(v.dtype == mn.dtype for v in values):  # (a float32 batch) stacked in one op
-        start = into.extend(list(values), one_device=True)
-        pos = {"min": start, "max": start + 1, "sum": start + 2, "print": start + 3}
+    pos = {"min": into.add(mn), "max": into.add(mx)}  # (views: no op to stack them)
+    if flat.numel() <= ONE_OP_MAX:
+        pos["sum"] = into.add_row(_sums(flat, ramps))
+        pos["print"] = pos["sum"] + 1
     else:
-        pos = dict(zip(("min", "max", "sum", "print"), map(into.add, values), strict=True))
+        pos["sum"] = into.add(flat.sum(dtype=reductions.acc_dtype(flat)))
+        pos["print"] = into.add(_weighed(flat, ramps))
     if rich:
         pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=reductions.acc_dtype(flat)))
         pos["nonzero"] = into.add(torch.count_nonzero(flat))
@@ -94,10 +100,24 @@ of 38 MB on an accelerator) is weighed by position modulo this, a dot product pe
 instead of holding a ramp as large as the batch."""
 
 
+ONE_OP_MAX = 1 << 16
+"""Batches of up to this many elements get their sum and weighted sum in one op (`_sums`):
+there the fixed cost of an op right after a training step is most of its cost."""
+
+
+def _sums(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
+    """(sum, weighted sum) of a batch of up to `ONE_OP_MAX` elements, as one product with
+    the rows of ones and weights of `Ramps` (half precision widened to float32 first)."""
+    wide = flat if flat.element_size() >= 4 else flat.float()
+    return torch.mv(ramps.like(wide), wide)
+
+
 def _weighed(flat: torch.Tensor, ramps: Ramps) -> torch.Tensor:
     """sum(w[i mod `RAMP_MAX`] * flat[i]) with the weights of `Ramps`: one pass, in dot
     products."""
     wide = flat if flat.element_size() >= 4 else flat.float()
+    if wide.numel() <= ONE_OP_MAX:
+        return _sums(wide, ramps)[1]
     ramp = ramps.like(wide[:RAMP_MAX])
     n = wide.numel()
     if n <= RAMP_MAX:

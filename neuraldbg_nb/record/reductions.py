@@ -24,11 +24,16 @@ class Scalars:
 
     Values come in chunks: a single 0-d tensor (`add`) or a list stacked into one tensor
     (`extend`), so a step with hundreds of layers holds tens of chunks, not hundreds of
-    tensors, and `to_host` does no per-value Python work.
+    tensors, and `to_host` does no per-value Python work. Norms of whole tensors asked
+    for by several parts of a step (`norms`: the gradients', the weight slices') are taken
+    together as the values go to the host, one `_foreach_norm` per device and dtype.
     """
 
     def __init__(self) -> None:
-        self._chunks: list[tuple[int, torch.Tensor]] = []  # (first position, 1-d values)
+        # (first position, 1-d values; None until `_take_norms` fills it)
+        self._chunks: list[tuple[int, torch.Tensor | None]] = []
+        self._later: dict[tuple[torch.device, torch.dtype, torch.dtype | None],
+                          list[tuple[int, list[torch.Tensor]]]] = {}
         self._n = 0
         self.from_device = False
         """Whether the last `to_host` read an accelerator's values: it waited for the
@@ -60,6 +65,31 @@ class Scalars:
         self._n += values.numel()
         return start
 
+    def norms(self, ts: list[torch.Tensor], dtype: torch.dtype | None = None) -> int:
+        """The 2-norms of `ts` (tensors of one device and dtype, taken in `dtype` where
+        given); the first position (the others follow in order). They are read when the
+        values go to the host (`to_host`), so the tensors must keep their values until
+        then; there every norm asked for on a device and dtype is taken in one
+        `_foreach_norm` and one stack: on the CPU each call costs several microseconds
+        before its first tensor, right after a training step."""
+        start = self._n
+        key = (ts[0].device, ts[0].dtype, dtype)
+        self._later.setdefault(key, []).append((len(self._chunks), ts))
+        self._chunks.append((start, None))
+        self._n += len(ts)
+        return start
+
+    def _take_norms(self) -> None:
+        """The norms of `norms`, into their chunks."""
+        for (_, _, dtype), parts in self._later.items():
+            got = torch.stack(torch._foreach_norm([t for _, ts in parts for t in ts], 2,
+                                                  dtype=dtype))
+            at = 0
+            for i, ts in parts:
+                self._chunks[i] = (self._chunks[i][0], got[at:at + len(ts)])
+                at += len(ts)
+        self._later.clear()
+
     def __len__(self) -> int:
         return self._n
 
@@ -67,7 +97,10 @@ class Scalars:
         """All values as Python floats, in the order added; one device-to-host copy per
         device. A list, not an array: the step row reads a few dozen of them right after
         a training step, when each numpy call pays a cold start (`step_row`)."""
-        chunks = [c for _, c in self._chunks]
+        if self._later:
+            self._take_norms()
+        chunks = [c for _, c in self._chunks if c is not None]
+        assert len(chunks) == len(self._chunks)  # (`_take_norms` filled every one)
         if chunks and all(c.device == chunks[0].device and c.dtype == chunks[0].dtype
                           for c in chunks):  # the usual step: one join, already in order
             self.from_device = not on_host(chunks[0])
@@ -88,7 +121,8 @@ class Scalars:
         by_device: dict[torch.device, dict[torch.dtype, list[tuple[int, torch.Tensor]]]] = \
             defaultdict(lambda: defaultdict(list))
         for start, chunk in self._chunks:
-            by_device[chunk.device][chunk.dtype].append((start, chunk))
+            if chunk is not None:  # (filled by `_take_norms`)
+                by_device[chunk.device][chunk.dtype].append((start, chunk))
         for by_dtype in by_device.values():
             parts = [torch.cat([c for _, c in chunks]).to(_wide(chunks[0][1]))
                      for chunks in by_dtype.values()]
@@ -427,8 +461,7 @@ def grouped_norms(tensors: list[torch.Tensor], into: Scalars,
             rows = torch.stack([tensors[i] for i in idx]).reshape(len(idx), -1)
             start = into.add_row(torch.linalg.vector_norm(rows, dim=1, dtype=wide))
         else:
-            norms = torch._foreach_norm([tensors[i] for i in idx], 2, dtype=wide)
-            start = into.extend(list(norms), one_device=True)
+            start = into.norms([tensors[i] for i in idx], wide)
         _place(pos, idx, start)
     return pos
 

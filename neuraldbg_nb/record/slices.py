@@ -109,8 +109,8 @@ class _Group:
         torch.cat(self.edit_parts(), out=self.edits)
         torch.index_select(self.kept, 0, self._head_index, out=self.heads)
         self.edits.sub_(self.heads)
-        return (sc.add(torch.linalg.vector_norm(self.edits, dtype=self.wide)),
-                sc.add(torch.linalg.vector_norm(self.heads, dtype=self.wide)))
+        start = sc.norms([self.edits, self.heads], self.wide)
+        return start, start + 1
 
     def edit_norms(self, sc: Scalars) -> tuple[list[int], list[int]]:
         """Positions on `sc`, per slice in buffer order, of the norms of its move and of
@@ -118,8 +118,7 @@ class _Group:
         (a step where some slice moved: one op for all of them)."""
         moved = [m for m, _ in self._edit_views]
         heads = [h for _, h in self._edit_views]
-        start = sc.extend(list(torch._foreach_norm(moved + heads, 2, dtype=self.wide)),
-                          one_device=True)
+        start = sc.norms(moved + heads, self.wide)
         k = len(moved)
         return list(range(start, start + k)), list(range(start + k, start + 2 * k))
 
@@ -151,15 +150,17 @@ class _Group:
     def norms(self, sc: Scalars, flat: torch.Tensor) -> list[int]:
         """Positions on `sc` of the norms of each slice of `flat` (the buffer, or a copy
         like it), in buffer order: each stacked run's in one `vector_norm`, the others'
-        in one `_foreach_norm`."""
+        in one `_foreach_norm` (the buffer's with the step's other norms, `Scalars.norms`)."""
         base = len(sc)
         for r in self.stacked:
             o, k, n = self.runs[r]
             sc.add_row(torch.linalg.vector_norm(flat[o:o + k * n].view(k, n), dim=1,
                                                 dtype=self.wide))
-        if self._lone:
-            views = self._lone_kept if flat is self.kept else self.lone_views(flat)
-            sc.extend(list(torch._foreach_norm(views, 2, dtype=self.wide)), one_device=True)
+        if self._lone and flat is self.kept:  # (kept as is until the transfer)
+            sc.norms(self._lone_kept, self.wide)
+        elif self._lone:  # a copy that is let go before then
+            sc.extend(list(torch._foreach_norm(self.lone_views(flat), 2, dtype=self.wide)),
+                      one_device=True)
         return [base + at for at in self._layout()]
 
     def parts(self) -> list[torch.Tensor]:

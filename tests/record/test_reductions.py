@@ -47,6 +47,43 @@ def test_grouped_norms_match_vector_norm_whatever_the_mix() -> None:
     assert sparse == 5.0 and inf == math.inf and math.isnan(nan)
 
 
+def test_norms_asked_for_by_several_parts_come_from_one_op_per_device_and_dtype(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Scalars.norms` from several parts of a step, between values of other kinds: each
+    norm lands at its position, and each (device, dtype, accumulation) takes one
+    `_foreach_norm` when the values go to the host."""
+    g = torch.Generator().manual_seed(3)
+    calls = []
+    foreach = torch._foreach_norm
+
+    def counted(ts, *args, **kwargs):
+        calls.append(len(ts))
+        return foreach(ts, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", counted)
+    grads = [torch.randn(5, 4, generator=g), torch.randn(3, generator=g)]
+    slices = [torch.randn(7, generator=g)]
+    halves = [torch.randn(9, generator=g).half() * 500]
+    doubles = [torch.randn(6, dtype=torch.float64, generator=g)]
+    sc = reductions.Scalars()
+    first = sc.add(torch.tensor(-1.0))
+    p_grads = sc.norms(grads)
+    between = sc.extend([torch.tensor(2.0), torch.tensor(3.0)])
+    p_halves = sc.norms(halves, torch.float32)
+    p_slices = sc.norms(slices)
+    p_doubles = sc.norms(doubles)
+    assert calls == []  # nothing is read before the transfer
+    v = sc.to_host()
+    assert sorted(calls) == [1, 1, 3]  # float32 (two parts), float16 in float32, float64
+    assert v[first] == -1.0 and v[between:between + 2] == [2.0, 3.0]
+    for start, ts in ((p_grads, grads), (p_halves, halves), (p_slices, slices),
+                      (p_doubles, doubles)):
+        for k, t in enumerate(ts):
+            want = torch.linalg.vector_norm(t.double()).item()
+            assert math.isclose(v[start + k], want, rel_tol=1e-3), (start, k)
+    assert len(sc) == 0 and sc.to_host() == []
+
+
 def test_the_transfer_keeps_the_order_of_values_of_mixed_dtypes() -> None:
     """A sampled step queues float32 statistics between integer counts (and float64 ones
     for a float64 model): the transfer joins them by dtype, and each value must come back
