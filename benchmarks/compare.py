@@ -13,6 +13,8 @@ apart, and a plain copy shared by both versions would put that gap into their
 difference. Runs of `overhead.py` minutes apart differ by 0.03-0.05 on a shared machine,
 more than most single changes move them; here both versions are timed in the same
 rounds.
+`--models nb-cnn,nb-mlp121` are the notebook models of `notebook_path.py`; with
+`--threads 2 --clock wall` a run reads what a notebook's user waits for.
 Compare a checkout with itself first (`--base .`) to see what noise looks like: on the
 CNN, 16 rounds of identical code gave a median difference of +0.024.
 """
@@ -49,6 +51,23 @@ def import_base(checkout: Path) -> ModuleType:
     return module
 
 
+NOTEBOOK_MODELS = {"nb-cnn": ("cnn", "CNN on digits"), "nb-mlp121": ("mlp121", "MLP 121 layers")}
+"""The notebook models of `notebook_path.py` (trained with `overhead.Bench`'s optimizer)."""
+
+
+def fresh(key: str) -> ob.Bench:
+    """A new copy of benchmark `key`: `overhead`'s, or a notebook model."""
+    if key not in NOTEBOOK_MODELS:
+        return ob.fresh(key)
+    import notebook_path
+
+    made: dict[str, object] = {}
+    exec(notebook_path.MODELS_SOURCE, made)  # noqa: S102 - the benchmark's own source
+    name, title = NOTEBOOK_MODELS[key]
+    return ob.Bench(key, title, made["MAKE"][name](), made["BATCHES"],  # type: ignore[index]
+                    torch.nn.functional.cross_entropy)
+
+
 def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, warmup: int,
             watch_kwargs: dict[str, object], clock: Callable[[], float]
             ) -> tuple[str, dict[str, list[float]]]:
@@ -58,7 +77,7 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
     # two copies made alike train up to 3% apart (`overhead.main`)
     runs = {}
     for name, package in versions.items():
-        b = ob.fresh(key)
+        b = fresh(key)
         runs[name] = (b, package.watch(b.model, report=False, **watch_kwargs))
 
     def block(b: ob.Bench, w, n: int = steps) -> float:
@@ -88,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base", type=Path, required=True,
                     help="root of the checkout to compare with (its neuraldbg_nb/ is used)")
+    choices = [*ob.MODELS, *NOTEBOOK_MODELS]
     ap.add_argument("--models", default="mlp",
-                    help=f"comma-separated, from {','.join(ob.MODELS)} (default mlp)")
+                    help=f"comma-separated, from {','.join(choices)} (default mlp)")
     ap.add_argument("--rounds", type=int, default=12, help="rounds (default 12)")
     ap.add_argument("--steps", type=int, default=5, help="steps per block (default 5)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps per copy first")
@@ -101,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
     args = ap.parse_args(argv)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in ob.MODELS]
+    unknown = [k for k in keys if k not in choices]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ob.MODELS)}")
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
     if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--rounds and --steps must be at least 1, --warmup at least 0")
     base = import_base(args.base.resolve())

@@ -68,7 +68,7 @@ SCRIPT_VARIANTS = {"plain": "plain", "control": "plain vs plain (control)",
 input, detection), no layer hook at any step: what no sampling of the layer hooks can go
 under."""
 
-SETUP = r'''
+MODELS_SOURCE = r'''
 import json, time
 import torch
 from torch import nn
@@ -103,6 +103,11 @@ def make_mlp121():
 
 
 MAKE = {"cnn": make_cnn, "mlp121": make_mlp121}
+'''
+"""The notebook models and their batches (`MAKE`, `BATCHES`), as the kernel runs them; also
+`compare.py`'s `nb-cnn` and `nb-mlp121`."""
+
+SETUP = MODELS_SOURCE + r'''
 
 
 class Reads:
