@@ -230,8 +230,9 @@ class Slices:
 
     def kept_and_edit_totals(self, sc: Scalars) -> tuple[list[int], list[int]]:
         """Positions on `sc` of the kept copy's norms, per weight, and of each group's
-        two edit totals (`_Group.edit_totals`), in pairs: what `kept_and_moved` tells per
-        weight, told for all at once where nothing moved."""
+        two edit totals (`_Group.edit_totals`), in pairs: whether any slice moved since
+        the copy was kept, told for all of them at once (`edit_norms` tells it per
+        slice)."""
         totals: list[int] = []
         for g in self._groups:
             totals.extend(g.edit_totals(sc))
