@@ -73,6 +73,8 @@ class Scalars:
         `_foreach_norm` and one stack: on the CPU each call costs several microseconds
         before its first tensor, right after a training step."""
         start = self._n
+        if not ts:
+            return start
         key = (ts[0].device, ts[0].dtype, dtype)
         self._later.setdefault(key, []).append((len(self._chunks), ts))
         self._chunks.append((start, None))

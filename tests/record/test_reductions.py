@@ -82,6 +82,7 @@ def test_norms_asked_for_by_several_parts_come_from_one_op_per_device_and_dtype(
             want = torch.linalg.vector_norm(t.double()).item()
             assert math.isclose(v[start + k], want, rel_tol=1e-3), (start, k)
     assert len(sc) == 0 and sc.to_host() == []
+    assert sc.norms([]) == 0 and len(sc) == 0  # none asked for: nothing queued
 
 
 def test_the_transfer_keeps_the_order_of_values_of_mixed_dtypes() -> None:
