@@ -2,12 +2,12 @@
 
 Each layer's forward hook (`Forward.post`) takes its output's min and max every step (read
 on the host at once on the CPU, else kept on the device until the step closes) and, on
-sampled steps, its full statistics (`reductions.rich_activation`, or a row of
-`reductions.RichBatch`); it holds the layer's input and output for capture where they are
-worth holding (`_unusual`). The models' calls (their roots' hooks: `enter_call`,
-`leave_call`) say which forwards train: calls with gradients off, compiled ones and those
-inside `torch.func` transforms are left out, and said (`eval_seen`, `compiled_seen`,
-`transformed_seen`).
+sampled steps, its full statistics (`reductions.rich_activation`, a row of
+`reductions.RichBatch`, or a large one's sample: `reductions.sampled_activation`); it
+holds the layer's input and output for capture where they are worth holding (`_unusual`).
+The models' calls (their roots' hooks: `enter_call`, `leave_call`) say which forwards
+train: calls with gradients off, compiled ones and those inside `torch.func` transforms
+are left out, and said (`eval_seen`, `compiled_seen`, `transformed_seen`).
 
 The layer hook runs on every layer call and its time is the engine's largest steady cost:
 what it reads is kept in attributes of its own object (the models' containers by
@@ -246,9 +246,12 @@ class Forward:
                 if finite and numel * y.element_size() <= reductions.BATCH_ROW_BYTES else None
             if row is not None:  # its statistics are taken with its group's at the close
                 self._rich_rows.append((idx, numel, *row))
-            else:
-                self._rich.append((idx, numel, *reductions.rich_activation(
-                    y, c.role, c.bounds, self._sc, finite=finite, nonneg=c.nonneg)))
+            else:  # (a large one known finite: from its sample)
+                got = reductions.sampled_activation(y, c.role, c.bounds, self._sc, c.nonneg) \
+                    if finite else None
+                self._rich.append((idx, *got) if got is not None else (
+                    idx, numel, *reductions.rich_activation(
+                        y, c.role, c.bounds, self._sc, finite=finite, nonneg=c.nonneg)))
             spent = _clock() - t0
             self.rich_s += spent
             t_in += spent  # the per-step checks' time goes on without it

@@ -89,8 +89,9 @@ def input_batch(x: torch.Tensor, rich: bool, into: reductions.Scalars, ramps: Ra
         pos["print"] = into.add(_weighed(flat, ramps))
     if rich:
         pos["norm"] = into.add(torch.linalg.vector_norm(flat, dtype=reductions.acc_dtype(flat)))
-        pos["nonzero"] = into.add(torch.count_nonzero(flat))
-        pos["finite"] = -1 if reductions.known_finite(mn, mx) else into.add(torch.isfinite(flat).sum())
+        finite = reductions.known_finite(mn, mx)
+        pos["nonzero"] = into.add(reductions.nonzero_count(flat, finite))
+        pos["finite"] = -1 if finite else into.add(torch.isfinite(flat).sum())
     return pos
 
 

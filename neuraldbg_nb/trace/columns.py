@@ -53,11 +53,13 @@ LAYER_COLUMNS: tuple[str, ...] = (
                        # it was (sampled; half-precision weights only)
     "act_absmax",     # max |output| (the steps whose layer hooks were on: `hooked`; inf when
                       # any output is non-finite)
-    "act_mean",       # mean of the output (sampled)
-    "act_std",        # std of the output (sampled)
-    "zero_frac",      # fraction of exact zeros in the output (sampled)
+    "act_mean",       # mean of the output (sampled; of an evenly strided sample of it where
+                      # it is large: `record.reductions.SAMPLE`)
+    "act_std",        # std of the output (sampled; as act_mean)
+    "zero_frac",      # fraction of exact zeros in the output (sampled; as act_mean)
     "dead_frac",      # fraction of units zero for the whole batch, ReLU-like layers (sampled)
-    "sat_frac",       # fraction of outputs at the bounds, bounded activations (sampled)
+    "sat_frac",       # fraction of outputs at the bounds, bounded activations (sampled; as
+                      # zero_frac)
     "act_nonfinite",  # count of non-finite outputs (sampled)
     "grad_unheld",    # >0: the layer's weights got gradients that no optimizer holds (every
                       # step; its values: `record.membership`), 0 where they are held

@@ -308,7 +308,7 @@ def test_relu_maxima_taken_from_the_layer_before_match_the_real_ones() -> None:
 
 class _Mixed(nn.Module):
     """Small activations of several shapes and roles (batched), one edited in place after
-    its hook, and one too large to batch."""
+    its hook, and one too large to batch whole (its sample is)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -331,8 +331,15 @@ class _Mixed(nn.Module):
         return self.head(self.big(self.act2(h)))
 
 
-def _real_stats(y: torch.Tensor, name: str) -> dict[str, float]:
+def _real_stats(y: torch.Tensor, name: str, sampled: bool = False) -> dict[str, float]:
+    """The statistics of `y`; `sampled`: the mean, std and zero fraction of the evenly
+    strided sample that stands for an activation too large to batch whole."""
     x = y.detach().double()
+    if sampled:
+        s = x.reshape(-1)[::reductions._stride(x.numel())]
+        mean = s.mean().item()
+        return {"act_mean": mean, "zero_frac": (s == 0).double().mean().item(),
+                "act_std": math.sqrt(max((s * s).mean().item() - mean**2, 0.0))}
     mean = x.mean().item()
     out = {"act_mean": mean, "act_std": math.sqrt(max((x * x).mean().item() - mean**2, 0.0)),
            "zero_frac": (x == 0).double().mean().item()}
@@ -352,14 +359,22 @@ def test_rich_statistics_of_small_activations_taken_in_batches_are_the_real_ones
     the step's end: the numbers must be those of each activation as its layer returned
     it (fc2's output is edited in place afterwards), and the same as the per-layer path
     gives (`batched=False`: no room for buffers), whatever the conv output's layout
-    (channels-last: read in memory order)."""
+    (channels-last: read in memory order). A large activation's mean, std and zero
+    fraction are those of its evenly strided sample, and close to the whole's."""
     torch.manual_seed(0)
     model = _Mixed().to(memory_format=layout)
     real: dict[tuple[int, str], dict[str, float]] = {}
+    whole: dict[int, dict[str, float]] = {}  # the large activation's own statistics
     step = [0]
+
+    def hear(m: nn.Module, a: tuple, out: torch.Tensor, name: str) -> None:
+        big = name == "big"
+        real[(step[0], name)] = _real_stats(out, name, sampled=big)
+        if big:
+            whole[step[0]] = _real_stats(out, name)
+
     for name, m in model.named_children():
-        m.register_forward_hook(
-            lambda m, a, out, name=name: real.__setitem__((step[0], name), _real_stats(out, name)))
+        m.register_forward_hook(lambda m, a, out, name=name: hear(m, a, out, name))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     w = ndbg.watch(model, report=False, sample_every=1)
@@ -378,6 +393,69 @@ def test_rich_statistics_of_small_activations_taken_in_batches_are_the_real_ones
             got = float(df.loc[(s, name), col])
             tol = 0.02 if name == "big" and col == "zero_frac" else 1e-5  # big: a sample
             assert math.isclose(got, value, rel_tol=1e-4, abs_tol=tol), (s, name, col, got, value)
+    for s, want in whole.items():  # the sample stands for the whole
+        got = df.loc[(s, "big")]
+        assert math.isclose(float(got["act_std"]), want["act_std"], rel_tol=0.03)
+        assert abs(float(got["act_mean"]) - want["act_mean"]) < 0.03 * want["act_std"]
+
+
+def test_a_large_activations_sample_walks_across_its_columns_and_its_dead_units_are_exact(
+        ) -> None:
+    """The sample of an activation too large to batch whole takes at most `SAMPLE` of its
+    elements, and its odd stride reaches every column of a feature map whose sizes are
+    powers of two; dead units are read from every element: a channel zero everywhere but
+    at one element that the sample skips is alive."""
+    x = torch.zeros(64, 32, 8, 8)
+    part = reductions.sample_of(x)
+    assert part is not None and 0 < part.numel() <= reductions.SAMPLE
+    index = torch.arange(x.numel()).view(-1)[::reductions._stride(x.numel())]
+    assert set((index % 8).tolist()) == set(range(8))  # every column of the maps
+    assert set(((index // 64) % 32).tolist()) == set(range(32))  # every channel
+    taken = torch.zeros(x.numel(), dtype=torch.bool)
+    taken[index] = True
+    n, h, w = (int(i) for i in torch.nonzero(~taken.view(64, 32, 8, 8)[:, 0])[0])
+    x[:, 1:] = 1.0  # channels 1..31 alive; channel 0 alive only at one skipped element
+    x[n, 0, h, w] = 1.0
+    sc = reductions.Scalars()
+    pos, units = reductions.dead_units(x, "relu", sc)
+    assert units == 32 and sc.to_host()[pos] == 0.0
+    x[n, 0, h, w] = 0.0
+    pos, _ = reductions.dead_units(x, "relu", sc)
+    assert sc.to_host()[pos] == 1.0
+
+
+def test_a_sampled_steps_values_go_to_the_host_in_one_join() -> None:
+    """Counts are taken in float32, so the values of a sampled step of a float32 model
+    share one dtype: one `torch.cat` and one copy to the host."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(16 * 64, 32), nn.Sigmoid(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    dtypes: list[set[torch.dtype]] = []
+    to_host = reductions.Scalars.to_host
+
+    def spy(self: reductions.Scalars) -> list[float]:
+        if self._later:
+            self._take_norms()
+        dtypes.append({c.dtype for _, c in self._chunks if c is not None})
+        return to_host(self)
+
+    g = torch.Generator().manual_seed(1)
+    reductions.Scalars.to_host = spy  # type: ignore[method-assign]
+    try:
+        with ndbg.watch(model, report=False, sample_every=1) as run:
+            for _ in range(3):
+                opt.zero_grad()
+                x, y = torch.randn(64, 1, 8, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    finally:
+        reductions.Scalars.to_host = to_host  # type: ignore[method-assign]
+    assert run.trace.scalar("sampled", 0, 3).tolist() == [1.0, 1.0, 1.0]
+    assert dtypes and all(d == {torch.float32} for d in dtypes), dtypes
+    sat = run.trace.col("sat_frac", 0, 3)[:, run.trace.layer_names.index("5")]
+    dead = run.trace.col("dead_frac", 0, 3)[:, run.trace.layer_names.index("2")]
+    assert (sat >= 0).all() and (dead >= 0).all()  # measured, from the counts
 
 
 def test_batched_rows_stay_within_their_memory_and_free_shapes_no_longer_seen() -> None:
@@ -448,3 +526,16 @@ def test_values_beyond_float32_become_inf_in_the_row_without_a_numpy_warning():
         norms = step_row.layer_norms([3.0, 1e211], [([0, 1], [0, 1])], 2)
     assert row.tolist() == [2.0, math.inf]
     assert norms[0].tolist() == [3.0, math.inf]
+
+
+def test_nonzero_counts_from_signs_match_a_plain_count_and_non_finite_ones_are_counted_apart(
+        ) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(70000, generator=g)
+    x[x.abs() < 0.3] = 0.0
+    want = int(torch.count_nonzero(x))
+    got = reductions.nonzero_count(x, finite=True)
+    assert got.dtype == torch.float32 and int(got) == want
+    x[5] = math.nan  # a NaN's sign is NaN: not known finite, counted as an integer
+    got = reductions.nonzero_count(x, finite=False)
+    assert got.dtype == torch.int64 and int(got) == int(torch.count_nonzero(x))
