@@ -35,10 +35,14 @@ class CaptureStore(Captures):
         self._freed = 0  # bytes evicted since the heap was last trimmed
 
     def add(self, step: int, layer: str | None, reason: str,
-            tensors: dict[str, torch.Tensor | None]) -> Capture | None:
+            tensors: dict[str, torch.Tensor | None],
+            shared: dict[tuple[object, int], torch.Tensor] | None = None) -> Capture | None:
         """Copy `tensors` to the CPU and keep them, evicting as needed; None if they
         cannot fit at all. Room is made before anything is copied, so the store and the
-        copy in flight never hold more than the budget together."""
+        copy in flight never hold more than the budget together. `shared`: the copies of
+        the step's captures so far, by source tensor, for the caller to pass to each of
+        them: a tensor two layers share (one's output is the next one's input) is copied
+        once, and counted in each capture that holds it (the budget is never exceeded)."""
         if self.budget == 0 or (step, layer) in self._items:
             return self._items.get((step, layer))
         if reason == REFERENCE and self.nbytes >= self.budget:
@@ -47,12 +51,12 @@ class CaptureStore(Captures):
         if reason == REFERENCE:
             per_tensor = min(per_tensor, REFERENCE_BYTES)
         views: dict[str, torch.Tensor] = {}
-        sources: dict[str, int] = {}  # name -> id of the tensor it came from
+        sources: dict[str, object] = {}  # name -> the memory it came from (`_source`)
         sampled = set()
         for name, t in tensors.items():
             if t is None:
                 continue
-            sources[name] = id(t)
+            sources[name] = _source(t)
             t = t.detach()
             size = t.numel() * t.element_size()
             if size > per_tensor:
@@ -70,7 +74,14 @@ class CaptureStore(Captures):
         if not self._make_room(need, reason):
             self.dropped += reason == EVENT
             return None
-        copies = {i: _host_copy(t) for i, t in unique.items()}
+        copies: dict[object, torch.Tensor] = {}
+        for i, t in unique.items():  # (a source lives while the step's captures are taken)
+            copy = None if shared is None else shared.get((i, per_tensor))
+            if copy is None:
+                copy = _host_copy(t)
+                if shared is not None:
+                    shared[(i, per_tensor)] = copy
+            copies[i] = copy
         cap = Capture(step, layer, reason, {name: copies[sources[name]] for name in views},
                       frozenset(sampled))
         self._items[(step, layer)] = cap
@@ -100,6 +111,15 @@ class CaptureStore(Captures):
         cap = self._items.pop(key)
         self.nbytes -= cap.nbytes
         self._freed += cap.nbytes
+
+
+def _source(t: torch.Tensor) -> object:
+    """What `t`'s values are: its memory and how it reads it, where it has strides (a
+    layer's output and the next layer's input are one tensor seen through two objects,
+    one of them detached); else the object."""
+    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+        return id(t)
+    return (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
 
 
 OWN_PAGES = 1 << 18

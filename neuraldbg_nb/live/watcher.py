@@ -318,6 +318,7 @@ class Watch:
         owned: dict[int, list[tuple[str, nn.Parameter]]] = {}
         for name, p, owner in record.params:  # in one pass: a reference takes them all
             owned.setdefault(owner, []).append((name, p))
+        shared: dict[tuple[object, int], torch.Tensor] = {}  # one copy of what layers share
         for idx in layers:
             if idx >= len(names) or store.has(record.step, names[idx]):
                 continue
@@ -331,7 +332,8 @@ class Watch:
                 if first_grad and p.grad is not None:
                     tensors["grad"] = p.grad
                     first_grad = False
-            store.add(record.step, names[idx], EVENT if idx in fired else REFERENCE, tensors)
+            store.add(record.step, names[idx], EVENT if idx in fired else REFERENCE, tensors,
+                      shared)
 
 
 def _rank() -> tuple[int, int] | None:

@@ -85,6 +85,33 @@ def test_a_tensor_under_two_names_is_copied_and_counted_once() -> None:
     assert cap.nbytes == store.nbytes == grad.numel() * 4
 
 
+def test_what_two_layers_share_at_a_reference_step_is_copied_once_with_its_values() -> None:
+    """One layer's output is the next one's input (the hook holds it detached, the next
+    layer is called with the tensor itself): a reference step copies it once for both
+    captures, and each holds the values the step ended with."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 3))
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, m in model.named_children():
+        m.register_forward_hook(lambda m, a, out, name=name: seen.__setitem__(
+            name, (a[0].detach().clone(), out.detach().clone())))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    with ndbg.watch(model, report=False) as run:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    caps = [run.captures.find(0, name) for name in ("0", "1", "2", "3", "4")]
+    assert all(c is not None and c.step == 0 and c.reason == REFERENCE for c in caps)
+    for name, cap in zip(("0", "1", "2", "3", "4"), caps):
+        assert torch.equal(cap["input"], seen[name][0].reshape(cap["input"].shape))
+        assert torch.equal(cap["output"], seen[name][1].reshape(cap["output"].shape))
+    for before, after in zip(caps, caps[1:]):
+        assert after["input"] is before["output"]  # one copy, not two
+        assert after["input"].data_ptr() != seen["0"][0].data_ptr()
+
+
 # -- what the probe holds for capture (real trainings) --------------------------------------
 def _wide_run(step_of_fault: int, kind: str, batch: int = 512):
     """A 3-layer MLP with 1 MB activations (batch 512 x 512; 32 KB at batch 16): a
