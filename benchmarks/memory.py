@@ -128,13 +128,13 @@ def train_child(config: str, steps: int, width: int, batch: int, every: int) -> 
     stats = {"adds": 0, "copies": 0, "max_store": 0, "max_held": 0, "max_copy": 0}
 
     def watched_add(store, add):
-        def wrapper(step, layer, reason, tensors):
+        def wrapper(step, layer, reason, tensors, shared=None):
             copies = not (store.budget == 0 or store.has(step, layer)
                           or (reason == REFERENCE and store.nbytes >= store.budget))
             if copies:
                 stats["copies"] += 1
                 stats["max_copy"] = max(stats["max_copy"], _copy_size(store, tensors))
-            out = add(step, layer, reason, tensors)
+            out = add(step, layer, reason, tensors, shared)
             stats["adds"] += 1
             stats["max_store"] = max(stats["max_store"], store.nbytes)
             stats["max_held"] = max(stats["max_held"], _held_bytes(store))
