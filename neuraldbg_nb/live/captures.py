@@ -113,13 +113,19 @@ class CaptureStore(Captures):
         self._freed += cap.nbytes
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _source(t: torch.Tensor) -> object:
-    """What `t`'s values are: its memory and how it reads it, where it has strides (a
-    layer's output and the next layer's input are one tensor seen through two objects,
-    one of them detached); else the object."""
-    if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
+    """What `t`'s values are: its memory and how it reads it, for a plain strided tensor
+    with memory of its own (a layer's output and the next layer's input are one tensor
+    seen through two objects, one of them detached); else the object (a subclass such as
+    a DTensor wraps others and has no memory of its own to tell them apart by)."""
+    if type(t) not in _PLAIN or t.layout != torch.strided or t.is_quantized \
+            or t.device.type == "meta":
         return id(t)
-    return (t.data_ptr(), t.dtype, t.device, t.shape, t.stride())
+    at = t.data_ptr()
+    return (at, t.dtype, t.device, t.shape, t.stride()) if at else id(t)
 
 
 OWN_PAGES = 1 << 18

@@ -113,6 +113,20 @@ def test_what_two_layers_share_at_a_reference_step_is_copied_once_with_its_value
         assert after["input"] is before["output"]  # one copy, not two
 
 
+def test_tensors_are_told_apart_by_their_memory_and_subclasses_by_the_object() -> None:
+    class Wrapped(torch.Tensor):
+        pass
+
+    x = torch.randn(4, 3)
+    store = CaptureStore(64 * MB)
+    cap = store.add(0, "fc", REFERENCE, {"output": x.detach(), "input": x, "row": x[1:]})
+    assert cap is not None and cap["input"] is cap["output"] and cap["row"] is not cap["input"]
+    a, b = x.as_subclass(Wrapped), x.as_subclass(Wrapped)  # no memory to tell them by
+    cap = store.add(1, "fc", REFERENCE, {"output": a, "input": b})
+    assert cap is not None and cap["input"] is not cap["output"]
+    assert torch.equal(cap["input"], x) and torch.equal(cap["output"], x)
+
+
 # -- what the probe holds for capture (real trainings) --------------------------------------
 def _wide_run(step_of_fault: int, kind: str, batch: int = 512):
     """A 3-layer MLP with 1 MB activations (batch 512 x 512; 32 KB at batch 16): a
