@@ -246,12 +246,13 @@ class Forward:
                 if finite and numel * y.element_size() <= reductions.BATCH_ROW_BYTES else None
             if row is not None:  # its statistics are taken with its group's at the close
                 self._rich_rows.append((idx, numel, *row))
-            else:  # (a large one known finite: from its sample)
+            else:  # a large one known finite from its sample, else from every element
                 got = reductions.sampled_activation(y, c.role, c.bounds, self._sc, c.nonneg) \
                     if finite else None
-                self._rich.append((idx, *got) if got is not None else (
-                    idx, numel, *reductions.rich_activation(
-                        y, c.role, c.bounds, self._sc, finite=finite, nonneg=c.nonneg)))
+                if got is None:
+                    got = (numel, *reductions.rich_activation(
+                        y, c.role, c.bounds, self._sc, finite=finite, nonneg=c.nonneg))
+                self._rich.append((idx, *got))
             spent = _clock() - t0
             self.rich_s += spent
             t_in += spent  # the per-step checks' time goes on without it
