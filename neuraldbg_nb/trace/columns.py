@@ -172,12 +172,13 @@ class Trace:
         self._cap = 64
         self._rows = 0
         self._off = 0
-        self._layer_cols = {c: self._blank(self._cap, 0) for c in LAYER_COLUMNS}
+        self._width = 0  # layers the arrays below have columns for (`_widen`)
+        self._tail_layer = {c: self._blank(self._cap, 0) for c in LAYER_COLUMNS}
         self._step_cols = {c: np.full(self._cap, np.nan, np.float64) for c in STEP_COLUMNS}
         self._h_steps = np.zeros(0, np.int64)
-        self._h_layer = {c: self._blank(0, 0) for c in LAYER_COLUMNS}
+        self._hist_layer = {c: self._blank(0, 0) for c in LAYER_COLUMNS}
         self._h_step = {c: np.zeros(0) for c in STEP_COLUMNS}
-        self._first_grad = np.zeros(0, np.float32)
+        self._first_grads = np.zeros(0, np.float32)
         self._first_loss = math.nan
         self._version = 0
         self._row_nbytes = (-1, 0)  # (layers, bytes of a row then): `row_nbytes`
@@ -204,13 +205,48 @@ class Trace:
         self.layers.append(LayerInfo(name, type_, role, has_params, primary_lr, params))
         self._version += 1
         self._index[name] = len(self.layers) - 1
-        for cols in (self._layer_cols, self._h_layer):
+        return self._index[name]
+
+    def _widen(self) -> None:
+        """Give the layer arrays a column for each layer added since they were last read
+        (`add_layer` only names it): a model's layers are found one by one in its first
+        forward, and widening every array for each would copy them once per layer (about
+        6 ms for 120 layers)."""
+        n = len(self.layers)
+        if self._width == n:
+            return
+        for cols in (self._tail_layer, self._hist_layer):
             for c, a in cols.items():
-                grown = self._blank(a.shape[0], len(self.layers))
+                grown = self._blank(a.shape[0], n)
                 grown[:, : a.shape[1]] = a
                 cols[c] = grown
-        self._first_grad = np.append(self._first_grad, np.float32(np.nan))
-        return self._index[name]
+        grads = np.full(n, np.nan, np.float32)
+        grads[: self._width] = self._first_grads
+        self._first_grads = grads
+        self._width = n
+
+    @property
+    def _layer_cols(self) -> dict[str, np.ndarray]:
+        """The exact tail's layer columns, (rows, layers) each."""
+        self._widen()
+        return self._tail_layer
+
+    @property
+    def _h_layer(self) -> dict[str, np.ndarray]:
+        """The compacted history's layer columns, (rows, layers) each."""
+        self._widen()
+        return self._hist_layer
+
+    @_h_layer.setter
+    def _h_layer(self, cols: dict[str, np.ndarray]) -> None:
+        self._widen()
+        self._hist_layer = cols
+
+    @property
+    def _first_grad(self) -> np.ndarray:
+        """Each layer's gradient norm at step 0."""
+        self._widen()
+        return self._first_grads
 
     def update_layer(self, index: int, **changes: Any) -> None:
         """What the run learned of layer `index` after adding it (`LayerInfo`'s fields:
