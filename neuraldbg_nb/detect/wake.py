@@ -55,17 +55,18 @@ def wake(trace: Trace, th: Thresholds, measured: bool = True) -> frozenset[str]:
         return NONE
     if _unheld_anew(trace, t):
         return SUDDEN
-    if t < 1:
-        return NONE
+    # the first step against unknown values (NaN): what is wrong in itself wakes (a value
+    # not finite or past its line, an input all zero), no move can
+    lo, two = (t - 1, _same) if t else (0, _after_unknown)
     rows = _Rows(trace.n_layers >= WIDE)
     # activations where both steps were hooked (`ran.hooked`); a hooked step after unhooked
     # ones is compared with the last hooked one by the live schedule (`live.scans`)
-    act_b, act = rows.of(trace.col("act_absmax", t - 1, t + 1)) \
-        if measured and hooked(trace, t - 1, t + 1).all() else rows.none
-    grad_b, grad = rows.of(trace.col("grad_norm", t - 1, t + 1))
+    act_b, act = rows.of(two(trace.col("act_absmax", lo, t + 1))) \
+        if measured and hooked(trace, lo, t + 1).all() else rows.none
+    grad_b, grad = rows.of(two(trace.col("grad_norm", lo, t + 1)))
     # the weight norm after an update reaches the trace with the next step: one step back
     w_b, w = rows.of(trace.col("param_norm", t - 2, t)) if t >= 2 else rows.none
-    (loss_b, loss), (in_b, in_now), (inf_b, inf) = (trace.scalar(c, t - 1, t + 1).tolist()
+    (loss_b, loss), (in_b, in_now), (inf_b, inf) = (two(trace.scalar(c, lo, t + 1)).tolist()
                                                      for c in _SCALARS)
     jump, grad_jump, rise = _bands(th.wake_jump, th.jump, th.jump_error, th.loss_rise)
     line = explode_line(trace, th)[0]
@@ -237,10 +238,20 @@ def _moved(before: float, now: float, hi: float, lo: float) -> bool:
 
 def _anew(trace: Trace, column: str, t: int) -> bool:
     """A mistake of the loop (gradients carried over, or missing at the step) at steps
-    t-1 and t, and not at t-2: the two steps that make it an error (see `loop`), just
-    completed."""
+    t-1 and t, and not at t-2 (nor where t-2 is before the first step: a mistake from the
+    first step on): the two steps that make it an error (see `loop`), just completed."""
     c = trace.scalar(column, max(t - 2, 0), t + 1).tolist()
-    return len(c) == 3 and c[1] > 0 and c[2] > 0 and not c[0] > 0
+    c = [math.nan] * (3 - len(c)) + c
+    return c[1] > 0 and c[2] > 0 and not c[0] > 0
+
+
+def _same(rows: np.ndarray) -> np.ndarray:
+    return rows
+
+
+def _after_unknown(rows: np.ndarray) -> np.ndarray:
+    """The first step's row, after a row of unknown values (NaN)."""
+    return np.concatenate([np.full_like(rows, np.nan), rows])
 
 
 def _unheld_anew(trace: Trace, t: int) -> bool:

@@ -22,7 +22,8 @@ from neuraldbg_nb.detect.wake import WIDE, SampledWake, jump_held, rise_held, wa
 def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves(width: int) -> None:
     """The live scan's trigger (`wake`), on the newest step of three as the live trace
     holds them (the weight norm after the newest update is not there yet, so weights are
-    compared one step back): every kind of sudden change wakes it, a move below the
+    compared one step back): every kind of sudden change wakes it (at the first step,
+    what is wrong in itself), a move below the
     half-jump line (gradients: half of `jump_error`) does not, nor does a falling loss.
     The same answers for a model of a few layers (compared in loops) and a wide one (in
     arrays: `WIDE`), where the change is in the last layer."""
@@ -44,6 +45,12 @@ def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves(width: int) 
 
     assert not wake(build([("a", "other")], {c: np.full((1, 1), v) for c, v in base.items()},
                           n=1), th), "one step: nothing to compare"
+    for col, value in (("grad_norm", math.inf), ("in_absmax", 0.0), ("in_nonfinite", 3.0)):
+        first = build([("a", "other")], {c: np.full((1, 1), v) for c, v in base.items()},
+                      {c: np.full(1, value if c == col else v) for c, v in scal.items()}, n=1)
+        if col in base:
+            first.col(col)[0] = value
+        assert wake(first, th) == {"sudden"}, f"the first step, {col} = {value}: wrong in itself"
     assert not woke("act_absmax", 2.0 * 3.1) and woke("act_absmax", 2.0 * 3.2)
     assert not woke("act_absmax", 2.0 / 3.1) and woke("act_absmax", 2.0 / 3.2)
     assert woke("act_absmax", 0.0) and woke("act_absmax", math.inf)

@@ -101,8 +101,8 @@ def test_a_healthy_short_run_is_scanned_once_at_its_end_and_a_failure_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The first steps pay no scan of their own (the first batch is sized once a step is
     timed: `ScanSchedule.FIRST_COST`), so a short healthy run is judged once, when its
-    block ends; a failure at its second step is still scanned for at once, and stops the
-    training there."""
+    block ends; a failure at its first or second step is still scanned for at once, and
+    stops the training there."""
     monkeypatch.setattr(ScanSchedule, "MAX_LATENCY", math.inf)
     scanned: list[int] = []
     scan = watcher.Watch._scan
@@ -117,13 +117,14 @@ def test_a_healthy_short_run_is_scanned_once_at_its_end_and_a_failure_at_once(
         train(setup, 30)
     assert scanned == [30] and run.first_failure is None, scanned
 
-    scanned.clear()
-    setup = mlp()
-    with pytest.raises(ndbg.TrainingFailure), \
-            ndbg.watch(setup.model, stop_on="error", report=False) as run:
-        train(setup, 30, on_batch=lambda step, x: x * math.nan if step == 1 else x)
-    assert scanned[0] == 2 and run.trace.n_steps == 2, scanned
-    assert run.first_failure is not None and run.first_failure.step == 1
+    for fault in (0, 1):
+        scanned.clear()
+        setup = mlp()
+        with pytest.raises(ndbg.TrainingFailure), \
+                ndbg.watch(setup.model, stop_on="error", report=False) as run:
+            train(setup, 30, on_batch=lambda step, x, at=fault: x * math.nan if step == at else x)
+        assert scanned[0] == fault + 1 == run.trace.n_steps, (fault, scanned)
+        assert run.first_failure is not None and run.first_failure.step == fault
 
 
 def test_stop_on_error_raises_with_every_step_judged() -> None:
