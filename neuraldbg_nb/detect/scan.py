@@ -82,12 +82,15 @@ class Carry:
         extra = columns - len(self.level)
         if extra <= 0:
             return
-        fill = {"level": 0, "code": 0, "start": 0, "length": 0, "seen": 0,
-                "start_value": np.nan,
-                "start_previous": np.nan, "last_ok": np.nan, "open": -1}
-        for name, value in fill.items():
+        for name, value in _FILL.items():
             old = getattr(self, name)
-            setattr(self, name, np.concatenate([old, np.full(extra, value, old.dtype)]))
+            new = np.full(extra, value, old.dtype)
+            setattr(self, name, np.concatenate([old, new]) if len(old) else new)
+
+
+_FILL = {"level": 0, "code": 0, "start": 0, "length": 0, "seen": 0, "start_value": np.nan,
+         "start_previous": np.nan, "last_ok": np.nan, "open": -1}
+"""Each `Carry` array's value for a column not scanned yet."""
 
 
 def grade(observed: np.ndarray, *levels: tuple[np.ndarray, int]) -> np.ndarray:
@@ -148,6 +151,10 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
         return
     carry.grow(cols)
     level = carry.level[:cols]
+    if n <= SHORTCUT_ROWS and codes.max() <= OK and not level.any() \
+            and not carry.code[:cols].any():
+        _healthy(codes, values, carry)  # (the usual live chunk: the steady case, in fewer ops)
+        return
     # steady: every observed code equals the reported level, and nothing is pending
     steady = ((codes == level[None, :]) | (codes == HOLD)).all(0) & (carry.code[:cols] == level)
 
@@ -164,6 +171,26 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
         for i, j in enumerate(moving.tolist()):
             _walk(f, codes, values, previous, carry, j, filled[i], first_step, names,
                   exit_patience, events)
+
+
+SHORTCUT_ROWS = 64
+"""Chunks of at most this many rows that are healthy throughout (`_healthy`) take a
+shortcut: a few whole-chunk ops instead of the general walk's, about a fifth of a live
+scan's time. Longer ones (a whole trace judged again) take the general walk, which reads
+only the last rows of a healthy column."""
+
+
+def _healthy(codes: np.ndarray, values: np.ndarray, carry: Carry) -> None:
+    """`scan` of a chunk whose codes are all OK or HOLD, with nothing reported or pending
+    in any column: each column's run goes on, and its last healthy value is its last
+    observed one."""
+    n, cols = codes.shape
+    carry.length[:cols] += n
+    ok = (codes == OK) & ~np.isnan(values)
+    has = np.flatnonzero(ok.any(0))
+    if len(has):
+        rows = n - 1 - np.argmax(ok[::-1], axis=0)
+        carry.last_ok[has] = values[rows[has], has]
 
 
 def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarray | None,

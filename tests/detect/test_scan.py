@@ -11,7 +11,8 @@ from traces import N, build, noisy, of
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.detect import detect
-from neuraldbg_nb.detect.scan import HOLD, OK, WARNING, last_ok_rows
+from neuraldbg_nb.detect import scan as scan_module
+from neuraldbg_nb.detect.scan import HOLD, OK, WARNING, Carry, Finding, last_ok_rows, scan
 
 
 def test_vanishing_needs_patience_and_is_reported_at_its_first_step():
@@ -110,3 +111,38 @@ def test_last_healthy_rows_match_a_brute_force_search():
             want = [max([r for r in range(n) if codes[r, j] == OK
                          and not np.isnan(values[r, j])], default=-1) for j in cols]
             assert last_ok_rows(codes, values, cols).tolist() == want
+
+
+
+def test_a_healthy_chunk_leaves_the_machine_as_the_general_walk_does(monkeypatch):
+    """A live chunk whose codes are all OK or HOLD, with nothing reported or pending, takes
+    a shortcut (`SHORTCUT_ROWS`): each column's run and last healthy value come out as
+    from the general walk, chunk after chunk, and a chunk that fires after them gives the
+    same events."""
+    rng = np.random.default_rng(5)
+    chunks = []
+    for n in (1, 7, 30, 64):
+        codes = rng.choice(np.array([HOLD, OK], np.int8), (n, 6))
+        values = rng.normal(size=(n, 6))
+        values[rng.random((n, 6)) < 0.3] = np.nan
+        chunks.append((codes, values))
+    fires = np.zeros((3, 6), np.int8)
+    fires[:, 4] = WARNING
+    chunks.append((fires, rng.normal(size=(3, 6))))
+    names = [(f"l{j}", f"l{j}") for j in range(6)]
+
+    def scanned() -> tuple[list, Carry]:
+        carry, events, step = Carry(), [], 0
+        for codes, values in chunks:
+            f = Finding("k", "s", codes, values, lambda *a: "m", patience=2)
+            scan(f, carry, step, names, 2, events)
+            step += len(codes)
+        return events, carry
+
+    shortcut_events, shortcut = scanned()
+    monkeypatch.setattr(scan_module, "SHORTCUT_ROWS", 0)  # the general walk only
+    events, general = scanned()
+    assert [(e.layer, e.step) for e in shortcut_events] == [("l4", 102)]
+    assert shortcut_events == events
+    for name in vars(general):
+        np.testing.assert_array_equal(getattr(shortcut, name), getattr(general, name), name)
