@@ -17,6 +17,9 @@ rounds.
 `--threads 2 --clock wall` a run reads what a notebook's user waits for.
 Compare a checkout with itself first (`--base .`) to see what noise looks like: on the
 CNN, 16 rounds of identical code gave a median difference of +0.024.
+With `--fresh`, each watched block is a watch of its own, started and ended in the block:
+what a short run pays (its first steps, its reference captures, its final scan), where
+by default one watch per version is entered again block after block (the steady state).
 """
 
 from __future__ import annotations
@@ -69,16 +72,16 @@ def fresh(key: str) -> ob.Bench:
 
 
 def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, warmup: int,
-            watch_kwargs: dict[str, object], clock: Callable[[], float]
+            watch_kwargs: dict[str, object], clock: Callable[[], float], per_block: bool = False
             ) -> tuple[str, dict[str, list[float]]]:
     """The model's title and, per version, the ratio of each round (see the module
-    docstring)."""
+    docstring; `per_block`: a watch of its own per watched block, `--fresh`)."""
     # each version trains a copy of its own, and its plain blocks train that same copy:
     # two copies made alike train up to 3% apart (`overhead.main`)
     runs = {}
     for name, package in versions.items():
         b = fresh(key)
-        runs[name] = (b, package.watch(b.model, report=False, **watch_kwargs))
+        runs[name] = (b, package, package.watch(b.model, report=False, **watch_kwargs))
 
     def block(b: ob.Bench, w, n: int = steps) -> float:
         gc.collect()
@@ -88,15 +91,20 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
                 ob.step(b)
         return clock() - start
 
-    for b, w in runs.values():
+    def watched(name: str) -> object:
+        b, package, w = runs[name]
+        return package.watch(b.model, report=False, **watch_kwargs) if per_block else w
+
+    for name, (b, _, _) in runs.items():
         block(b, None, warmup)
-        block(b, w, warmup)
+        block(b, watched(name), warmup)
     names = list(runs)
     ratios: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
-            b, w = runs[name]
-            p1, m1, m2, p2 = block(b, None), block(b, w), block(b, w), block(b, None)
+            b = runs[name][0]
+            p1, m1, m2, p2 = (block(b, None), block(b, watched(name)), block(b, watched(name)),
+                              block(b, None))
             ratios[name].append((m1 + m2) / (p1 + p2))
         print(f"  {key}: round {r + 1}/{rounds}", file=sys.stderr, flush=True)
     return runs[names[0]][0].title, ratios
@@ -118,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     ap.add_argument("--clock", choices=sorted(ob.CLOCKS), default="cpu",
                     help="cpu (default, with --threads 1) or wall")
+    ap.add_argument("--fresh", action="store_true",
+                    help="a watch of its own per watched block: short runs, start and end included")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
     args = ap.parse_args(argv)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
@@ -134,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"base: {args.base} (sources sha1 {ob.source_digest(base)})")
     print(f"{args.rounds} rounds; per version a quad of {args.steps}-step blocks on its own copy "
           f"(plain, watched, watched, plain), the versions' order swapped every other round; "
-          f"{ob.call_text(kw)}; {args.clock} clock\n")
+          f"{ob.call_text(kw)}{', a watch of its own per block' if args.fresh else ''}; "
+          f"{args.clock} clock\n")
     rows = []
     for key in keys:
         title, got = compare(key, versions, args.rounds, args.steps, args.warmup, kw,
-                             ob.CLOCKS[args.clock])
+                             ob.CLOCKS[args.clock], args.fresh)
         for name, values in got.items():
             rows.append([title, name, f"{statistics.median(values):.3f}", ob._quartiles(values)])
         diffs = [b - a for a, b in zip(*got.values())]

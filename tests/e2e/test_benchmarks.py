@@ -53,12 +53,15 @@ def test_self_time_benchmark_runs_in_quick_mode_and_charges_every_part() -> None
 
 def test_compare_benchmark_runs_a_checkout_beside_this_one() -> None:
     """Compared with itself (the same sources imported under two names), both versions
-    are timed and the difference row is there, for a script model and a notebook one; a
-    path without a package is refused."""
+    are timed and the difference row is there, for a script model and a notebook one, and
+    with a watch of its own per block (`--fresh`); a path without a package is refused."""
     out = _run("benchmarks/compare.py", "--base", str(ROOT), "--models", "mlp,nb-cnn",
                "--rounds", "2", "--steps", "1", "--warmup", "1")
     assert out.count(" base ") >= 2 and out.count("this - base") == 2
     assert "CNN on digits" in out
+    out = _run("benchmarks/compare.py", "--base", str(ROOT), "--models", "nb-cnn", "--fresh",
+               "--rounds", "1", "--steps", "2", "--warmup", "1")
+    assert "a watch of its own per block" in out and out.count("this - base") == 1
     done = subprocess.run([sys.executable, "benchmarks/compare.py", "--base", "/nonexistent"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0 and "no neuraldbg_nb/__init__.py" in done.stderr
