@@ -43,11 +43,6 @@ class ScanSchedule:
     VIEW_MAX_LATENCY = 1.0
     """Seconds a view's events are late at most, whatever a scan costs: the panel
     refreshes at least once a second (`notebook.panel_budget.MAX_GAP`)."""
-    FIRST_COST = 0.003
-    """Seconds a scan is taken to cost until one is timed: the first batch is sized from
-    it once a step is timed. Until then no batch is due, so that the first steps do not
-    each pay a scan that finds nothing (a 30-step cell of a small CNN paid two, about 9%
-    of its time); what `wake` marks is scanned at once all the same."""
     MAX_INTERVAL = 10_000
     """Steps in a batch at most."""
 
@@ -55,9 +50,12 @@ class ScanSchedule:
         """`stops`: the run stops at its first error (`stop_on="error"`)."""
         self.thresholds = thresholds
         self.stops = stops
-        self.interval = self.MAX_INTERVAL
-        """Steps scanned in one batch: sized from what a scan costs (`scanned`), and from
-        `FIRST_COST` at the first timed step."""
+        self.interval = 1
+        """Steps scanned in one batch: sized from what a scan costs (`scanned`) once a step
+        is timed. The first step is scanned on its own: what is wrong from the start (a
+        loss of the wrong form, a layer no optimizer holds) is found, captured and stopped
+        at its own step; the batches are sized from that scan's cost at the next step,
+        which pays no scan of its own unless `wake` marks it."""
         # steps to scan at: (the step whose gradient jump, or loss rise, to confirm
         # there), or None: scan regardless
         self._confirm: dict[int, tuple[int, int] | None] = {}
@@ -152,8 +150,8 @@ class ScanSchedule:
         first = self._step_time == 0
         self._step_time = wall if first else \
             0.9 * self._step_time + 0.1 * min(wall, 2 * self._step_time)
-        if first and self._scan_cost == 0:
-            self._size(self.FIRST_COST)
+        if first and self._scan_cost > 0:  # (the first step's scan: `interval`)
+            self._size(self._scan_cost)
 
     def scanned(self, cost: float) -> None:
         """A scan ended, having taken `cost` seconds."""

@@ -97,12 +97,12 @@ def test_a_view_sees_the_run_judged_at_its_pace(monkeypatch: pytest.MonkeyPatch)
     assert all(n == done == after for n, done, after in seen), seen
 
 
-def test_a_healthy_short_run_is_scanned_once_at_its_end_and_a_failure_at_once(
+def test_a_healthy_short_run_is_scanned_at_its_first_step_and_its_end_a_failure_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first steps pay no scan of their own (the first batch is sized once a step is
-    timed: `ScanSchedule.FIRST_COST`), so a short healthy run is judged once, when its
-    block ends; a failure at its first or second step is still scanned for at once, and
-    stops the training there."""
+    """The first step is scanned on its own, and the batches are sized from that scan at
+    the next step, which pays none (`ScanSchedule.interval`): a short healthy run is
+    judged at its first step and when its block ends; a failure at its first or second
+    step is scanned for at once, and stops the training there."""
     monkeypatch.setattr(ScanSchedule, "MAX_LATENCY", math.inf)
     scanned: list[int] = []
     scan = watcher.Watch._scan
@@ -115,7 +115,7 @@ def test_a_healthy_short_run_is_scanned_once_at_its_end_and_a_failure_at_once(
     setup = mlp()
     with ndbg.watch(setup.model, report=False) as run:
         train(setup, 30)
-    assert scanned == [30] and run.first_failure is None, scanned
+    assert scanned == [1, 30] and run.first_failure is None, scanned
 
     for fault in (0, 1):
         scanned.clear()
@@ -123,7 +123,7 @@ def test_a_healthy_short_run_is_scanned_once_at_its_end_and_a_failure_at_once(
         with pytest.raises(ndbg.TrainingFailure), \
                 ndbg.watch(setup.model, stop_on="error", report=False) as run:
             train(setup, 30, on_batch=lambda step, x, at=fault: x * math.nan if step == at else x)
-        assert scanned[0] == fault + 1 == run.trace.n_steps, (fault, scanned)
+        assert scanned[-1] == fault + 1 == run.trace.n_steps, (fault, scanned)
         assert run.first_failure is not None and run.first_failure.step == fault
 
 
