@@ -151,7 +151,7 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
         return
     carry.grow(cols)
     level = carry.level[:cols]
-    if n <= SHORTCUT_ROWS and codes.max() <= OK and not level.any() \
+    if 0 < cols and n <= SHORTCUT_ROWS and codes.max() <= OK and not level.any() \
             and not carry.code[:cols].any():
         _healthy(codes, values, carry)  # (the usual live chunk: the steady case, in fewer ops)
         return

@@ -146,3 +146,7 @@ def test_a_healthy_chunk_leaves_the_machine_as_the_general_walk_does(monkeypatch
     assert shortcut_events == events
     for name in vars(general):
         np.testing.assert_array_equal(getattr(shortcut, name), getattr(general, name), name)
+    none: list = []  # a finding of no column (a run that watched no layer): nothing to walk
+    empty = np.zeros((4, 0), np.int8)
+    scan(Finding("k", "s", empty, empty.astype(float), lambda *a: "m"), Carry(), 0, [], 2, none)
+    assert none == []
