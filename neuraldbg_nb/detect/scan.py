@@ -116,8 +116,10 @@ def last_ok_rows(codes: np.ndarray, values: np.ndarray, cols: np.ndarray) -> np.
     observed healthy (code OK, value not NaN), or -1. Searched backwards in growing blocks,
     so a column healthy at its last row costs one cell, not a pass over the chunk."""
     n = len(codes)
-    if n <= 64:  # a live chunk: one pass
-        ok = (codes[:, cols] == OK) & ~np.isnan(values[:, cols])
+    if n <= 64:  # a live chunk: one pass (over every column: no copy to pick them)
+        every = len(cols) == codes.shape[1]
+        ok = (codes if every else codes[:, cols]) == OK
+        ok &= ~np.isnan(values if every else values[:, cols])
         return np.where(ok.any(0), n - 1 - np.argmax(ok[::-1], axis=0), -1)
     row = np.full(len(cols), -1, np.int64)
     todo = np.arange(len(cols))
@@ -186,11 +188,10 @@ def _healthy(codes: np.ndarray, values: np.ndarray, carry: Carry) -> None:
     observed one."""
     n, cols = codes.shape
     carry.length[:cols] += n
-    ok = (codes == OK) & ~np.isnan(values)
-    has = np.flatnonzero(ok.any(0))
-    if len(has):
-        rows = n - 1 - np.argmax(ok[::-1], axis=0)
-        carry.last_ok[has] = values[rows[has], has]
+    every = np.arange(cols)
+    row = last_ok_rows(codes, values, every)
+    has = row >= 0
+    carry.last_ok[every[has]] = values[row[has], every[has]]
 
 
 def _walk(f: Finding, codes: np.ndarray, values: np.ndarray, previous: np.ndarray | None,

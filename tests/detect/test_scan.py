@@ -113,7 +113,6 @@ def test_last_healthy_rows_match_a_brute_force_search():
             assert last_ok_rows(codes, values, cols).tolist() == want
 
 
-
 def test_a_healthy_chunk_leaves_the_machine_as_the_general_walk_does(monkeypatch):
     """A live chunk whose codes are all OK or HOLD, with nothing reported or pending, takes
     a shortcut (`SHORTCUT_ROWS`): each column's run and last healthy value come out as

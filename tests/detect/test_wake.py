@@ -23,8 +23,8 @@ def test_wake_fires_on_each_sudden_change_and_not_on_ordinary_moves(width: int) 
     """The live scan's trigger (`wake`), on the newest step of three as the live trace
     holds them (the weight norm after the newest update is not there yet, so weights are
     compared one step back): every kind of sudden change wakes it (at the first step,
-    what is wrong in itself), a move below the
-    half-jump line (gradients: half of `jump_error`) does not, nor does a falling loss.
+    what is wrong in itself), a move below the half-jump line (gradients: half of
+    `jump_error`) does not, nor does a falling loss.
     The same answers for a model of a few layers (compared in loops) and a wide one (in
     arrays: `WIDE`), where the change is in the last layer."""
     th = ndbg.Thresholds()  # wake_jump sqrt(10) = 3.16; gradients 10; the loss 3.16, up
