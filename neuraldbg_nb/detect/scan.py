@@ -177,7 +177,7 @@ def scan(f: Finding, carry: Carry, first_step: int, names: list[tuple[str, str]]
 
 SHORTCUT_ROWS = 64
 """Chunks of at most this many rows that are healthy throughout (`_healthy`) take a
-shortcut: a few whole-chunk ops instead of the general walk's, about a fifth of a live
+shortcut: a few whole-chunk ops instead of the general walk's, about a sixth of a live
 scan's time. Longer ones (a whole trace judged again) take the general walk, which reads
 only the last rows of a healthy column."""
 
