@@ -26,7 +26,7 @@ from .discovery import Candidate, Models
 from .forward import Forward, Held
 from .inputs import Inputs
 from .optimizer import learning_rate, missing_gradients
-from .replay import RECENT, Recent, Replay, anomalous, edited, grad_total, lr_moved
+from .replay import RECENT, Recent, Replay, anomalous, edited, grad_total, gradient_cut, lr_moved
 from .sampler import is_reference_step
 from .step_owner import StepOwner
 from .timing import StepTimer, clock
@@ -89,6 +89,9 @@ class Boundary:
         """The layer hooks are on for the step in progress."""
         self.sampled = True
         """The step in progress gets the full statistics."""
+        self.replayable = False
+        """The step last closed had its model's calls heard (`Replay.record`): the loop
+        calls the model itself, so a step of it that goes wrong can be replayed."""
         self.new_step()
 
     def new_step(self) -> None:
@@ -110,10 +113,11 @@ class Boundary:
             self._set_hooks(self.hooked)
 
     def hook_closure(self) -> None:
-        """A step given a closure (`optimizer.step(closure)`) begins: its forward runs
-        inside the optimizer's step, and it closes after the update, where the weights
-        its forward used are gone, so it cannot be replayed: its layers are hooked as it
-        runs."""
+        """A step given a closure (`optimizer.step(closure)`) begins, whose forward cannot
+        be replayed: its layers are hooked as it runs. It closes after the update where
+        the optimizer may call the closure more than once (`optimizer.calls_closure_once`),
+        when the weights its forward used are gone; or the loop calls parts of the model,
+        not the model (`replayable`)."""
         if self._set_hooks is not None and not self.hooked:
             self.hooked = True
             self._last_hooked = self._trace.n_steps
@@ -135,7 +139,7 @@ class Boundary:
         the last update's weights (`WeightProbe`), how far they moved since, outside the
         optimizer (`w_edited`: where `opt` is about to update them; not for a step ended
         by hand, whose loop updates the weights itself, nor one closed after its update,
-        `updated`, as a step given a closure is) and whether the gradients were zeroed
+        `updated`, as a step given a closure may be) and whether the gradients were zeroed
         (`CarryCheck`); then `on_step` (detection, capture) and the next step's sampling
         decision."""
         t_enter = clock()
@@ -215,15 +219,16 @@ class Boundary:
         scalars.update(self._backwards.scales(v))
         scalars["hooked"] = float(self.hooked)
         if self._replay is not None:
-            total = grad_total(row["grad_norm"].tolist())
+            grads = row["grad_norm"].tolist()
+            total = grad_total(grads)
             # (norms are never negative: their sum is finite where each one is)
             finite = math.isfinite(sum(map(v.__getitem__, g_pos))) and not (
                 self._backwards.any_heard and not math.isfinite(scalars["loss"]))
             if step > 0:
                 lr_b = float(trace.scalar("lr", step - 1, step)[0])
                 self._hook_next = lr_moved(lr_b, float(scalars["lr"]))
-                if not self.hooked and self._went_wrong(step, scalars, total, finite,
-                                                        edited_by):
+                if not self.hooked and self._went_wrong(step, scalars, grads, total,
+                                                        finite, edited_by):
                     replayed = self._replayed(n)
                     if replayed is not None:
                         row.update(replayed)
@@ -235,6 +240,7 @@ class Boundary:
 
         held = self._forward.held
         record = StepRecord(step, held, self._inputs.batch, params)
+        self.replayable = self._replay is not None and bool(self._replay.calls)
         self.sampled = self._timer.next_sampled(step, self.sampled, t_enter)
         self.new_step()
         try:
@@ -243,26 +249,31 @@ class Boundary:
             held.clear()
             self._timer.end_interval(step, t_enter)
 
-    def _went_wrong(self, step: int, scalars: dict[str, float], total: float,
-                    finite: bool, edited_by: list[float] | None) -> bool:
+    def _went_wrong(self, step: int, scalars: dict[str, float], grads: list[float],
+                    total: float, finite: bool, edited_by: list[float] | None) -> bool:
         """Whether an unhooked step's every-step numbers say its forward went wrong
         (`replay.anomalous`, `replay.edited`): its loss and its gradients' total norm
-        (`total`) against the `RECENT` steps before, its input's abs-max against the step
-        before, and the weight norms the last update left (written into the trace one
-        step late, so the rows of the two updates before this forward). Not where they
-        are not finite (`finite`), nor were the step before's: a run that stays
-        non-finite went wrong at its first such step, which was replayed, and a replay of
-        each step after it would cost a forward each and find nothing new."""
+        (`total`) against the `RECENT` steps before, each layer's gradient norm (`grads`)
+        cut to 0 (`replay.gradient_cut`: the trace is read only where one is 0), its
+        input's abs-max against the step before, and the weight norms the last update
+        left (written into the trace one step late, so the rows of the two updates before
+        this forward). Not where they are not finite (`finite`), nor were the step
+        before's: a run that stays non-finite went wrong at its first such step, which was
+        replayed, and a replay of each step after it would cost a forward each and find
+        nothing new."""
         if not finite and not self._recent.finite_before(step):
             return False
         trace = self._trace
         weights = trace.col("param_norm", step - 2, step).tolist() if step >= 2 else []
-        losses, totals = self._recent.since(max(trace.full_from, step - RECENT))
+        first = max(trace.full_from, step - RECENT)
+        losses, totals = self._recent.since(first)
+        cut = 0.0 in grads and gradient_cut(grads, trace.col("grad_norm", first, step).tolist())
         if anomalous(
                 scalars["loss"], self._backwards.any_heard, finite, total, losses, totals,
                 inputs=(self._recent.input_before(step),
                         float(scalars.get("in_absmax", math.nan))),
-                weights=(weights[0], weights[1]) if len(weights) == 2 else ([], [])):
+                weights=(weights[0], weights[1]) if len(weights) == 2 else ([], []),
+                cut=cut):
             return True
         return edited_by is not None and edited(edited_by)
 

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-Hook = TypeVar("Hook", bound=Callable[..., None])
+Hook = TypeVar("Hook", bound=Callable[..., Any])
 
 
 def guarded(hook: Hook) -> Hook:
@@ -16,11 +16,13 @@ def guarded(hook: Hook) -> Hook:
     the hook returns at once. What the watch raises on purpose (`TrainingFailure`) goes
     through: the watch's `on_error` raises it again. `where` is the hook's name without
     its leading underscore (a note names it). The wrapper takes positional arguments only,
-    as PyTorch calls hooks: no keyword dict is made per call."""
+    as PyTorch calls hooks: no keyword dict is made per call. It returns what the hook
+    returns (an optimizer's pre-hook may give the step's arguments anew), None where the
+    hook failed or did not run."""
     where = hook.__name__.lstrip("_")
 
     @functools.wraps(hook)
-    def run(self: Any, *args: Any) -> None:
+    def run(self: Any, *args: Any) -> Any:
         if self.failed:
             return None
         try:

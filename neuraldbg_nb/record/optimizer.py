@@ -10,7 +10,8 @@ them (`WeightProbe`). A loop without an optimizer ends its steps by hand (`manua
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -46,24 +47,44 @@ class Optimizers:
         (a GAN's generator after its discriminator): the backwards since then had their
         update, and are not a step left without one (`Probe.close_trailing`)."""
 
-    def pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        """An optimizer's step begins."""
+    def pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> bool:
+        """An optimizer's step begins: the primary's closes the step (the boundary times
+        itself; what comes before it is the engine's time too, `StepTimer.other_s`).
+        True where the step is given a closure that the caller is to wrap
+        (`with_closure`), so that the step closes when the closure returns
+        (`closure_ran`)."""
+        t0 = clock()
+        begun = self._begin(opt, args, kwargs)
+        self._timer.other_s += clock() - t0
+        if begun == "close":
+            self._boundary.close(opt)
+        return begun == "closure"
+
+    def _begin(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> str:
+        """`pre` up to the step boundary: "close" where the boundary closes now, "closure"
+        where it closes when the step's closure returns, "" otherwise."""
         primary = self._steps.before_step(opt, self._inputs.called_with)
         if primary is None:  # no optimizer trains the watched weights yet, nor does this one
-            return
+            return ""
         if primary is opt:
             self.steps_seen += 1
             self.others_stepped = False
             self._before_update()
-            # a closure runs the step's forward and backward inside the step: it closes
-            # after it (`post`); `args` starts with the optimizer itself
+            # a closure runs the step's forward and backward inside the step (`args`
+            # starts with the optimizer itself)
             self._closure_step = callable(kwargs.get("closure", args[1] if len(args) > 1
                                                      else None))
-            if self._closure_step:  # its forward runs after the update has begun:
-                self._boundary.hook_closure()  # not replayable, so hooked as it runs
-            else:
-                self._boundary.close(opt)
-        elif self._steps.trains_watched(opt):
+            if not self._closure_step:
+                return "close"
+            if calls_closure_once(opt):  # it closes when the closure returns, before the
+                if not self._boundary.replayable:  # update: replayable where the model's
+                    self._boundary.hook_closure()  # calls are heard
+                return "closure"
+            # it closes after the update (`post`): its forward cannot be replayed, so it is
+            # hooked as it runs
+            self._boundary.hook_closure()
+            return ""
+        if self._steps.trains_watched(opt):
             # another optimizer of the step (a GAN's generator): the layers it finds with
             # gradients had one in the step, and its update is measured on the step the
             # primary's was, and adds to it
@@ -73,12 +94,21 @@ class Optimizers:
             backwards.others.at_step(opt, backwards.total_heard)
             if self._weights.measuring:
                 self._weights.keep_before()
+        return ""
+
+    def closure_ran(self, opt: torch.optim.Optimizer) -> None:
+        """A call of the closure of the primary's step returned (`with_closure`): the
+        first one ran the step's forward and backward, and the update has not begun, so
+        the step closes as one without a closure does."""
+        if self._closure_step:
+            self._closure_step = False
+            self._boundary.close(opt)
 
     def post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         """An optimizer's step (its update) ended."""
         primary = self._steps.primary
         if primary is opt:
-            if self._closure_step:
+            if self._closure_step:  # (a closure not wrapped, or never called)
                 self._closure_step = False
                 self._boundary.close(opt, updated=True)
             self.after_update(primary=True)
@@ -104,6 +134,32 @@ class Optimizers:
         t0 = clock()
         self._weights.after_update(self._sc, primary)
         self._timer.other_s += clock() - t0
+
+
+def calls_closure_once(opt: torch.optim.Optimizer) -> bool:
+    """Does `opt.step(closure)` call the closure once, before its update? PyTorch's own
+    optimizers do, L-BFGS aside (it evaluates the closure again along its line search);
+    another library's may call it twice (SAM: before and after its ascent step), and is
+    not assumed to."""
+    return type(opt).__module__.startswith("torch.optim.") and \
+        not isinstance(opt, torch.optim.LBFGS)
+
+
+def with_closure(args: tuple, kwargs: dict, ran: Callable[[], None]
+                 ) -> tuple[tuple, dict]:
+    """`optimizer.step`'s arguments (`args` starts with the optimizer) with its closure
+    wrapped: `ran` is called each time a call of it returns, before its result goes to
+    the optimizer."""
+    closure = kwargs["closure"] if "closure" in kwargs else args[1]
+
+    def closes() -> Any:
+        loss = closure()
+        ran()
+        return loss
+
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closes}
+    return (args[0], closes, *args[2:]), kwargs
 
 
 def learning_rate(opt: torch.optim.Optimizer | None,

@@ -30,7 +30,7 @@ from .forward import Forward
 from .guard import guarded
 from .inputs import Inputs
 from .layer_hooks import LayerHooks
-from .optimizer import Optimizers
+from .optimizer import Optimizers, with_closure
 from .replay import Replay
 from .sampler import Sampler
 from .step_owner import StepOwner
@@ -257,7 +257,9 @@ class Probe:
         if self._replay is not None and self._replay.active:
             return
         if self._forward.leave_call(output):
+            t0 = clock()
             self._inputs.model_output(output)
+            self._timer.other_s += clock() - t0
 
     @guarded
     def _on_backward(self, root: torch.Tensor) -> None:
@@ -266,10 +268,18 @@ class Probe:
         self._timer.other_s += clock() - t0
 
     @guarded
-    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
-        self._optimizers.pre(opt, args, kwargs)
+    def _opt_pre(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict
+                 ) -> tuple[tuple, dict] | None:
+        wrap = self._optimizers.pre(opt, args, kwargs)
         if not self._models.given:  # models are known after the first step's forward
             self._discover(self._unknown_weights(opt))
+        if wrap:  # the step closes when its closure returns (`Optimizers.closure_ran`)
+            return with_closure(args, kwargs, lambda: self._closure_ran(opt))
+        return None
+
+    @guarded
+    def _closure_ran(self, opt: torch.optim.Optimizer) -> None:
+        self._optimizers.closure_ran(opt)
 
     @guarded
     def _opt_post(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:

@@ -216,10 +216,11 @@ gradients of a deep network) is not taken for a failure at every swing."""
 GRAD_JUMP = 10.0
 """The gradients' total norm (over every layer) that left its recent range by this factor
 (above its largest or below its smallest) makes its step worth replaying. A single layer's
-gradient norm is no such sign: in a deep ReLU network one layer's swings by 10-1000x from
-batch to batch while the model is healthy; a forward that went wrong (an activation that
-jumped, a weight that blew up) moves the gradients of every layer before it, and the total
-with them."""
+move is no such sign: in a deep ReLU network one layer's swings by 10-1000x from batch to
+batch while the model is healthy; a forward that went wrong (an activation that jumped, a
+weight that blew up) moves the gradients of every layer before it, and the total with
+them, unless the layers after it carry most of the total: a layer's gradient cut to
+exactly 0 is a sign (`gradient_cut`)."""
 LOSS_RISE = math.sqrt(10.0)
 """A loss that rose by this factor above its recent largest (a fall never counts)."""
 INPUT_JUMP = math.sqrt(10.0)
@@ -284,15 +285,17 @@ class Recent:
 def anomalous(loss: float, loss_heard: bool, grad_finite: bool, total: float,
               recent_loss: Sequence[float], recent_total: Sequence[float], *,
               inputs: tuple[float, float] = (math.nan, math.nan),
-              weights: tuple[list[float], list[float]] = ([], [])) -> bool:
+              weights: tuple[list[float], list[float]] = ([], []),
+              cut: bool = False) -> bool:
     """Do the every-step numbers of a step say that its forward went wrong? A non-finite
     loss or gradient norm (`grad_finite`: every gradient read was finite); a loss that rose
     by `LOSS_RISE` above its largest of the `RECENT` steps before (`recent_loss`); the
     gradients' total norm (`grad_total`) that left the range of theirs (`recent_total`) by
     `GRAD_JUMP`; the input's abs-max (`inputs`: the step before, now) moved by
     `INPUT_JUMP`; a weight norm that the last update moved by `WEIGHT_MOVE` (`weights`:
-    per layer, after the update before it and after it; NaN where not measured)."""
-    if not grad_finite or (loss_heard and not math.isfinite(loss)):
+    per layer, after the update before it and after it; NaN where not measured); a
+    layer's gradient cut off at this step (`cut`: `gradient_cut`)."""
+    if cut or not grad_finite or (loss_heard and not math.isfinite(loss)):
         return True
     losses = [x for x in recent_loss if x > 0]
     if losses and loss / max(losses) >= LOSS_RISE:
@@ -304,6 +307,21 @@ def anomalous(loss: float, loss_heard: bool, grad_finite: bool, total: float,
     if _moved(*inputs, INPUT_JUMP):
         return True
     return any(_moved(b, w, WEIGHT_MOVE) for b, w in zip(*weights))
+
+
+def gradient_cut(now: list[float], recent: Sequence[Sequence[float]]) -> bool:
+    """Did a layer's gradient norm fall to exactly 0 at this step (`now`, per layer) where
+    it was positive at each of the `RECENT` steps before (`recent`: their rows, oldest
+    first)? The path from the loss to the layer was cut in this step's forward: an
+    activation after it saturated (in float32 a tanh fed 10 or more, a sigmoid fed 17 or
+    more, passes back exactly 0), or every unit after it went dead. The gradients' total need not move:
+    where the layers after the cut carry most of it, it reads as an ordinary step. A
+    layer's gradient is 0 at ordinary steps only where the layer sits some steps out (a
+    branch or an expert the batch did not reach): such a layer was 0 at a recent step, or
+    not measured (no gradient: NaN), and is no sign here."""
+    if 0.0 not in now or len(recent) < RECENT:
+        return False
+    return any(x == 0.0 and all(row[i] > 0 for row in recent) for i, x in enumerate(now))
 
 
 def lr_moved(before: float, now: float) -> bool:

@@ -75,6 +75,62 @@ def test_minus_inf_is_a_mask_from_the_first_step_and_a_fault_later(head):
         assert (ff.step, ff.layer, ff.kind) == (S, "head", "nonfinite_activation"), ff
 
 
+class _Spiking(torch.nn.Linear):
+    """A linear layer whose output is 1e30 times too large at one step (`at`)."""
+
+    at: int | None = None
+    step = -1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y * 1e30 if self.step == self.at else y
+
+
+class _TwoBranches(torch.nn.Module):
+    """Two inputs, each through its own layer, mixed by `mix` and squashed by a tanh."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 32), torch.nn.Linear(4, 32)
+        self.mix, self.head = _Spiking(64, 32), torch.nn.Linear(32, 2)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        h = torch.cat([torch.relu(self.a(batch["x"])), torch.relu(self.b(batch["z"]))], 1)
+        return self.head(torch.tanh(self.mix(h)))
+
+
+@pytest.mark.parametrize("spike", [True, False])
+def test_a_spike_that_a_saturated_tanh_hides_from_the_loss_is_named_at_its_step(spike):
+    """A layer's output 1e30 times too large for one step that is not hooked, squashed by
+    the tanh after it: the loss reads an ordinary step and the gradients' total barely
+    moves (the head carries most of it), but every gradient before the tanh is cut to
+    exactly 0 there. The step is replayed, and its layer and step named."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = _TwoBranches()
+    model.mix.at = S + 3 if spike else None  # (not a sampled step)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            model.mix.step = step
+            x, z = torch.randn(64, 6, generator=gen), torch.randn(64, 4, generator=gen)
+            loss = torch.nn.functional.cross_entropy(model({"x": x, "z": z}),
+                                                     (x[:, 0] > z[:, 0]).long())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    if not spike:
+        assert run.first_failure is None and run.recorder.replays == 0
+        return
+    assert run.trace.scalar("sampled")[S + 3] == 0
+    assert losses[S + 3] < 2 * max(losses[S - 5:S + 3])  # the loss says nothing
+    ff = run.first_failure
+    assert ff is not None and (ff.step, ff.layer) == (S + 3, "mix"), ff
+    assert run.recorder.replays == 1
+
+
 def test_units_dying_after_a_learning_rate_raised_tenfold_are_dated_when_they_began():
     """SGD with momentum, the learning rate raised 10x at step 100 (0.05 -> 0.5): the
     third layer's units die, 71% by the sampled step 110 (a warning), and cross the error

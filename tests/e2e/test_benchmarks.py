@@ -91,3 +91,8 @@ def test_notebook_path_benchmark_runs_in_quick_mode() -> None:
     assert "notebook cell (whole cells" in out and "watch() in a script (per step)" in out
     same = [line for line in out.splitlines() if line.startswith("final loss bit-identical")]
     assert len(same) == 4 and all(" no (" not in line for line in same), same
+
+
+def test_lightning_benchmark_runs_in_quick_mode() -> None:
+    out = _run("benchmarks/lightning_fit.py", "--quick", "--models", "cnn", "--markdown")
+    assert "plain step time" in out and "(replayable)" in out and "(hooked every step)" in out

@@ -145,29 +145,47 @@ def _closure_run(setup, opt, *, closure: bool, fault: int | None = None,
 @pytest.mark.parametrize("keyword", [False, True])
 def test_steps_given_a_closure_are_recorded_as_steps_without_one(keyword):
     """A closure runs the step's forward and backward after the step's pre-hook; the step
-    closes after it, so each row holds its own step (not the step before it, which would
-    leave the first row without a loss and find a bad batch one step late)."""
+    closes when it returns, before the update, so each row holds its own step (not the
+    step before it, which would leave the first row without a loss and find a bad batch
+    one step late), and the step is recorded as one without a closure: hooked at the same
+    steps, its faults replayed, its weights read for edits before the update."""
     runs = []
     for closure in (False, True):
         setup = mlp()
         opt = torch.optim.SGD(setup.model.parameters(), lr=0.05, momentum=0.9)
-        runs.append(_closure_run(setup, opt, closure=closure, fault=S, keyword=keyword))
+        runs.append(_closure_run(setup, opt, closure=closure, fault=S + 3, keyword=keyword))
     plain, closed = runs
-    assert (closed.trace.scalar("hooked") == 1).all()  # closure steps are hooked as they run
-    hooked = plain.trace.scalar("hooked") == 1
-    for col in ("act_absmax", "act_mean"):
-        np.testing.assert_array_equal(closed.trace.col(col)[hooked],
-                                      plain.trace.col(col)[hooked], col)
-    for col in ("grad_norm", "param_norm", "update_ratio"):
+    hooked = plain.trace.scalar("hooked")
+    assert 0 < hooked.sum() < len(hooked) / 3 and hooked[S + 3] == 1  # (replayed)
+    np.testing.assert_array_equal(closed.trace.scalar("hooked"), hooked)
+    for col in ("act_absmax", "act_mean", "grad_norm", "param_norm", "update_ratio",
+                "w_edited"):
         np.testing.assert_array_equal(closed.trace.col(col), plain.trace.col(col), col)
     for col in ("loss", "in_absmax", "lr"):
         np.testing.assert_array_equal(closed.trace.scalar(col), plain.trace.scalar(col), col)
     ff = closed.first_failure
-    assert (ff.step, ff.kind) == (S, "data_anomaly"), ff.message
-    # the closure's steps are all hooked: their activation jumps are judged against every
-    # step before, the plain loop's against its hooked ones; the same events all the same
+    assert (ff.step, ff.kind) == (S + 3, "data_anomaly"), ff.message
     assert [(e.kind, e.layer, e.step, e.severity) for e in closed.events] == \
         [(e.kind, e.layer, e.step, e.severity) for e in plain.events]
+    assert closed.recorder.replays == plain.recorder.replays > 0
+
+
+def test_a_closure_of_an_optimizer_that_may_call_it_twice_is_hooked_as_it_runs():
+    """An optimizer of another library may call the closure more than once in a step
+    (SAM: before and after its ascent step): the step closes after the update, hooked as
+    it runs, since its forward cannot be replayed before the update."""
+
+    class Twice(torch.optim.SGD):  # (a class of another module than torch.optim's)
+        def step(self, closure=None):
+            closure()
+            return super().step(closure)
+
+    Twice.__module__ = "sam_like"
+    setup = mlp()
+    opt = Twice(setup.model.parameters(), lr=0.05)
+    run = _closure_run(setup, opt, closure=True)
+    assert (run.trace.scalar("hooked") == 1).all()
+    assert np.isfinite(run.trace.scalar("loss")).all() and run.trace.n_steps == STEPS
 
 
 def test_lbfgs_records_each_step_in_its_own_row():

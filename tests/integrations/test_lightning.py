@@ -33,18 +33,23 @@ def _data(n: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
 class Classifier(pl.LightningModule):
     """A small MLP; `fault(step, module)` runs at the start of each training step."""
 
-    def __init__(self, fault=None, lr: float = 0.05, manual: bool = False) -> None:
+    def __init__(self, fault=None, lr: float = 0.05, manual: bool = False,
+                 via_forward: bool = False) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
                                  nn.Linear(64, 2))
         self.fault, self.lr, self.losses = fault, lr, []
         self.automatic_optimization = not manual
+        self.via_forward = via_forward  # the training step calls `self(x)`, not `self.net(x)`
+
+    def forward(self, x):
+        return self.net(x)
 
     def training_step(self, batch, batch_idx):
         if self.fault is not None:
             self.fault(self.global_step, self, batch)
         x, y = batch
-        loss = nn.functional.cross_entropy(self.net(x), y)
+        loss = nn.functional.cross_entropy(self(x) if self.via_forward else self.net(x), y)
         self.losses.append(loss.detach().clone())
         if not self.automatic_optimization:
             opt = self.optimizers()
@@ -58,10 +63,10 @@ class Classifier(pl.LightningModule):
 
 
 def fit(callbacks, fault=None, tmp: Path | None = None, epochs: int = 3, manual: bool = False,
-        **trainer_kw):
+        via_forward: bool = False, **trainer_kw):
     torch.manual_seed(0)
     nan = fault == nan_batch
-    model = Classifier(None if nan else fault, manual=manual)
+    model = Classifier(None if nan else fault, manual=manual, via_forward=via_forward)
     x, y = _data()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32,
                                          shuffle=True, collate_fn=NanAt() if nan else None,
@@ -135,6 +140,30 @@ def test_weights_changed_in_place_are_named_at_their_layer_and_step():
     fit([cb], scale_weights)
     root = cb.run.first_failure
     assert (root.layer, root.step, root.severity) == ("net.2", FAULT, "error")
+
+
+@pytest.mark.parametrize("via_forward", [True, False])
+def test_automatic_optimization_hooks_the_layers_at_sampled_steps_and_replays_a_fault(
+        via_forward):
+    """Lightning's automatic optimization gives every step a closure: the step closes when
+    it returns, before the update, and its layers are hooked at sampled steps only; a
+    fault at a step between them is replayed to its layer and step. A training step that
+    calls a part of the module (`self.net(x)`) cannot be replayed: its steps are hooked
+    as they run, and the fault is named all the same."""
+    def scale_later(step, module, batch):
+        if step == FAULT + 3:  # (not a sampled step)
+            with torch.no_grad():
+                module.net[2].weight.mul_(1000.0)
+
+    cb = NeuralDbgCallback()
+    fit([cb], scale_later, via_forward=via_forward)
+    hooked = cb.run.trace.scalar("hooked") == 1
+    root = cb.run.first_failure
+    assert (root.layer, root.step, root.severity) == ("net.2", FAULT + 3, "error"), root
+    if via_forward:  # (after the fault its steps go on wrong: replayed, hooked)
+        assert hooked[:FAULT + 3].sum() < (FAULT + 3) / 3 and cb.run.recorder.replays > 0
+    else:
+        assert hooked.all() and cb.run.recorder.replays == 0
 
 
 def test_a_learning_rate_raised_1000x_is_named_at_its_step():

@@ -101,3 +101,26 @@ def test_the_self_report_agrees_with_the_measured_cost_within_a_factor():
     said = statistics.median(reported)
     assert extra > 0 and said > 0
     assert 1 / 3 <= said / extra <= 3, (said, extra, statistics.median(plain))
+
+
+def test_the_engine_s_work_outside_the_step_boundary_is_counted(monkeypatch):
+    """What the optimizer's hook does before the step boundary (the weight copy before a
+    sampled update) and the model's post-call hook are the engine's time too: made to
+    take 2 ms each, a step reads at least 4 ms of it."""
+    from neuraldbg_nb.record.inputs import Inputs
+    from neuraldbg_nb.record.weights import WeightProbe
+
+    def slow(real):
+        def run(*args, **kwargs):
+            time.sleep(0.002)
+            return real(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(WeightProbe, "keep_before", slow(WeightProbe.keep_before))
+    monkeypatch.setattr(Inputs, "model_output", slow(Inputs.model_output))
+    torch.manual_seed(0)
+    model = _deep(depth=2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with nd.watch(model, report=False, sample_every=1) as run:
+        _steps(model, opt, 60)
+    assert run.overhead is not None and run.overhead.own_ms >= 4.0, run.overhead

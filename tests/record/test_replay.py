@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as nd
-from neuraldbg_nb.record.replay import RECENT, Recent, Replay, anomalous, grad_total
+from neuraldbg_nb.record.replay import RECENT, Recent, Replay, anomalous, grad_total, gradient_cut
 
 REPLAYED = 5
 
@@ -149,6 +149,19 @@ def test_anomalous_reads_non_finite_values_and_jumps():
     assert went_wrong(weights=([1.0, 2.0], [1.0, 4.0]))
     assert not went_wrong(weights=([1.0, 2.0], [1.01, 2.02]))
     assert not anomalous(0.5, True, True, 2.5, np.array([]), np.array([]))  # no history
+
+
+def test_a_gradient_cut_to_zero_at_one_step_is_a_sign_and_one_that_sits_steps_out_is_not():
+    recent = [[0.3, 0.02, 1.0]] * RECENT
+    assert not gradient_cut([0.3, 0.02, 1.0], recent)
+    assert gradient_cut([0.0, 0.0, 1.0], recent)  # the layers before a saturated one
+    assert not gradient_cut([0.0, 0.0, 1.0], recent[1:])  # too few steps to tell
+    sits_out = [[0.3, 0.0 if k % 3 else 0.02, 1.0] for k in range(RECENT)]
+    assert not gradient_cut([0.3, 0.0, 1.0], sits_out)  # (an expert the batch missed)
+    unmeasured = [[0.3, math.nan, 1.0]] * RECENT
+    assert not gradient_cut([0.3, 0.0, 1.0], unmeasured)
+    assert not gradient_cut([0.3, math.nan, 1.0], recent)  # no gradient: not measured
+    assert anomalous(0.5, True, True, 2.5, [0.5], [2.5], cut=True)
 
 
 def test_the_gradients_total_is_over_the_layers_measured():
