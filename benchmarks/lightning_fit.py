@@ -6,9 +6,9 @@ and without the callback, interleaved in one process, wall clock, torch's defaul
 Lightning's automatic optimization gives every step a closure (`optimizer.step(closure)`):
 the forward and backward run inside the optimizer's step. Two training steps are timed:
 one that calls the module (`self(x)`, whose forward calls the network) and one that calls
-the network, a part of the module (`self.net(x)`). The first is recorded as a loop without
-a closure (layer hooks at sampled steps, a step that went wrong replayed); the second
-cannot be replayed, so its layers are hooked at every step. A round fits plain, watched
+the network, a part of the module (`self.net(x)`). Both are recorded as a loop without a
+closure (layer hooks at sampled steps, a step that went wrong replayed: through the
+module's calls, or through the part's, heard from the second step on). A round fits plain, watched
 (through the module), watched (through the part), plain, each for `--steps` optimizer
 steps of a fresh model; a ratio is a watched fit over the round's two plain ones (whole
 fits: the trainer's start and end included), the table gives the median over the rounds,
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.fit(module, loader)
         return time.perf_counter() - t0
 
-    variants = {"forward": "watched, `self(x)` (replayable)",
-                "part": "watched, `self.net(x)` (hooked every step)"}
+    variants = {"forward": "watched, the step calls `self(x)`",
+                "part": "watched, the step calls `self.net(x)`"}
     table: dict[str, dict[str, float]] = {}
     for key in models:
         fit(key, False)

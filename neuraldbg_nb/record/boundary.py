@@ -55,7 +55,8 @@ class Boundary:
                  sc: reductions.Scalars, timer: StepTimer,
                  on_step: Callable[[StepRecord], None], *, replay: Replay | None = None,
                  set_hooks: Callable[[bool], None] | None = None,
-                 hook_layers: Callable[[list[Candidate]], None] | None = None) -> None:
+                 hook_layers: Callable[[list[Candidate]], None] | None = None,
+                 hook_parts: Callable[[], None] | None = None) -> None:
         """`set_hooks`: turns the layer hooks on or off for the next forward, where they
         are on only for sampled and reference steps, the step after a learning rate's move
         (`replay.lr_moved`), and a step `HOOK_GAP` after the last hooked one where the
@@ -64,7 +65,9 @@ class Boundary:
         `replay`: the step's calls, replayed with the hooks on where the step was not
         hooked and its every-step numbers say it went wrong (`replay.anomalous`).
         `hook_layers`: hooks layers the loop put into a model inside the watch
-        (`Models.rescan`) where the layer hooks are on."""
+        (`Models.rescan`) where the layer hooks are on. `hook_parts`: after a step whose
+        model calls were not heard, so that the parts of the model the loop calls are
+        heard from the next step on (`Probe._hook_parts`)."""
         self._trace = trace
         self._models = models
         self._forward = forward
@@ -78,6 +81,7 @@ class Boundary:
         self._replay = replay
         self._set_hooks = set_hooks
         self._hook_layers = hook_layers
+        self._hook_parts = hook_parts
         self._rescans = Rescans()
         self._recent = Recent()  # the last steps' numbers, for `_went_wrong`
         self._norm_plan = reductions.NormPlan()  # how the gradients are normed
@@ -90,8 +94,9 @@ class Boundary:
         self.sampled = True
         """The step in progress gets the full statistics."""
         self.replayable = False
-        """The step last closed had its model's calls heard (`Replay.record`): the loop
-        calls the model itself, so a step of it that goes wrong can be replayed."""
+        """The step last closed had its model's calls heard (`Replay.record`: the model's,
+        or its parts' where the loop calls those), so a step of the loop that goes wrong
+        can be replayed."""
         self.new_step()
 
     def new_step(self) -> None:
@@ -116,8 +121,9 @@ class Boundary:
         """A step given a closure (`optimizer.step(closure)`) begins, whose forward cannot
         be replayed: its layers are hooked as it runs. It closes after the update where
         the optimizer may call the closure more than once (`optimizer.calls_closure_once`),
-        when the weights its forward used are gone; or the loop calls parts of the model,
-        not the model (`replayable`)."""
+        when the weights its forward used are gone; or no call of the model was heard in
+        the step before (`replayable`: the first step, or a loop that calls parts of the
+        model whose hooks come at that step's end, `hook_parts`)."""
         if self._set_hooks is not None and not self.hooked:
             self.hooked = True
             self._last_hooked = self._trace.n_steps
@@ -241,6 +247,8 @@ class Boundary:
         held = self._forward.held
         record = StepRecord(step, held, self._inputs.batch, params)
         self.replayable = self._replay is not None and bool(self._replay.calls)
+        if not self.replayable and self._hook_parts is not None:
+            self._hook_parts()
         self.sampled = self._timer.next_sampled(step, self.sampled, t_enter)
         self.new_step()
         try:

@@ -84,6 +84,9 @@ class Forward:
         self.activations_seen = False  # a training forward's activation was recorded
         self._root_depth = 0  # nesting of the watched models' calls in progress
         self._eval_call = False  # the model's call in progress began with gradients off
+        self.outside: set[int] = set()
+        """Ids of the layers that a training call reached outside every call of a watched
+        model: the loop trains the model through its parts (`Probe._hook_parts`)."""
         self._batch_rows = reductions.RichBatch()
         self._last_absmax: list[float] = []  # per layer, from the last step
         self._masks: set[int] = set()  # layers whose -inf values are a mask (`step_row`)
@@ -151,14 +154,15 @@ class Forward:
         self._root_depth += 1
         return top and not self._eval_call
 
-    def leave_call(self, output: object) -> bool:
+    def leave_call(self, output: object, whole: bool = True) -> bool:
         """A watched model's call ends (its root's post-hook, on errors too): True where a
-        top-level call that trains ended, with `output` the model's."""
+        top-level call that trains ended, with `output` the model's (`whole`; a part's
+        call, `Probe._hook_parts`, returns no output of the model's)."""
         self._root_depth = max(0, self._root_depth - 1)
         if self._root_depth:
             return False
         trained = not self._eval_call
-        if trained:
+        if trained and whole:
             self._model_output(output)
         self._eval_call = False
         return trained
@@ -196,6 +200,8 @@ class Forward:
             if c.index < 0:  # its place in forward order all the same (checkpointing a
                 self._layer(id(module))  # whole model runs its first call without them)
             return
+        if not self._root_depth:
+            self.outside.add(id(module))
         y = output if type(output) is torch.Tensor else first_tensor(output)
         if y is None or not y.is_floating_point():
             return

@@ -25,7 +25,7 @@ from ..trace.columns import Trace
 from . import compile_warning, loss_tap, pickling, reductions
 from .backward import Backwards
 from .boundary import Boundary, StepRecord
-from .discovery import Candidate, Models
+from .discovery import Candidate, Models, unwrapped
 from .forward import Forward
 from .guard import guarded
 from .inputs import Inputs
@@ -92,7 +92,9 @@ class Probe:
                                   self._backwards, self._weights, self._steps, sc,
                                   self._timer, on_step, replay=self._replay,
                                   set_hooks=self._set_hooks if self._sampled_hooks else None,
-                                  hook_layers=self._hook_layers)
+                                  hook_layers=self._hook_layers,
+                                  hook_parts=self._hook_parts if self._sampled_hooks else None)
+        self._parts: set[int] = set()  # ids of the parts hooked by `_hook_parts`
         self._optimizers = Optimizers(self._steps, self._weights, self._boundary,
                                       self._inputs, self._timer, sc)
         for prefix, root in roots or []:
@@ -183,6 +185,45 @@ class Probe:
         post = torch._dynamo.disable(self._root_post, recursive=True)
         self._handles.append(self._owned(root.register_forward_pre_hook(pre, with_kwargs=True)))
         self._handles.append(self._owned(root.register_forward_hook(post, always_call=True)))
+
+    def _hook_parts(self) -> None:
+        """The loop trains a model through its parts, not the model (`Forward.outside`:
+        `model.encoder(x)`, a Lightning `training_step` that calls `self.net(x)`): each
+        part a root holds at its top level that holds such a layer gets hooks that make
+        its calls the step's calls, remembered for a replay (`Replay.record`). Not its
+        input: the input batch is what the loop gives the model (or `run.log_input`),
+        not what one part gives another."""
+        outside = self._forward.outside
+        if not outside:
+            return
+        for root in self._models.root_modules:
+            for part in unwrapped(root).children():
+                if id(part) not in self._parts and any(
+                        id(m) in outside for m in part.modules()):
+                    self._parts.add(id(part))
+                    pre = torch._dynamo.disable(self._part_pre, recursive=True)
+                    post = torch._dynamo.disable(self._part_post, recursive=True)
+                    self._handles.append(self._owned(
+                        part.register_forward_pre_hook(pre, with_kwargs=True)))
+                    self._handles.append(self._owned(
+                        part.register_forward_hook(post, always_call=True)))
+        outside.clear()
+
+    @guarded
+    def _part_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        replay = self._replay
+        if replay is None or replay.active:
+            return
+        if self._forward.enter_call():
+            t0 = clock()
+            replay.record(module, args, kwargs)
+            self._timer.other_s += clock() - t0
+
+    @guarded
+    def _part_post(self, module: nn.Module, args: tuple, output: object) -> None:
+        if self._replay is not None and self._replay.active:
+            return
+        self._forward.leave_call(output, whole=False)
 
     def _found(self, module: nn.Module, args: tuple) -> None:
         """A model first called (no model given): its hooks hear its calls from the next

@@ -319,3 +319,51 @@ def test_a_gan_step_replays_only_the_calls_after_the_other_optimizers_update():
 def test_layer_hooks_takes_sampled_or_every():
     with pytest.raises(ValueError, match="layer_hooks must be 'sampled' or 'every'"):
         nd.watch(nn.Linear(2, 2), layer_hooks="some")
+
+
+def _parts() -> nn.ModuleDict:
+    torch.manual_seed(0)
+    return nn.ModuleDict({"enc": nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2),
+                                               nn.Linear(32, 16)),
+                          "dec": nn.Sequential(nn.ReLU(), nn.Linear(16, 4))})
+
+
+def _train_parts(model, batches, *, edit=None):
+    """The loop calls the model's parts, never the model (an encoder-decoder kept in one
+    ModuleDict; a Lightning `training_step` calling `self.net(x)`)."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for step, (x, y) in enumerate(batches):
+        if edit is not None:
+            edit(step, model)
+        loss = nn.functional.cross_entropy(model["dec"](model["enc"](x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_loop_that_calls_the_models_parts_is_replayed_through_them():
+    """The parts the loop calls are heard from the step after the first: a NaN weight at
+    a step between the sampled ones is replayed through the two parts' calls and found at
+    its own step and layer; the training is bit-identical; the parts' inputs are not taken
+    for the data (the encoder's output is not an input batch)."""
+    at = 13
+
+    def edit(step, model):
+        if step == at:
+            with torch.no_grad():
+                model["dec"][1].weight[2, 3] = math.nan
+
+    plain = _parts()
+    losses = _train_parts(plain, _batches(30), edit=edit)
+    model = _parts()
+    with nd.watch(model, report=False) as run:
+        losses_w = _train_parts(model, _batches(30), edit=edit)
+    assert losses[:at] == losses_w[:at] and all(map(math.isnan, losses[at:] + losses_w[at:]))
+    ff = run.first_failure
+    assert (ff.step, ff.layer, ff.kind) == (at, "dec.1", "nonfinite_activation"), ff
+    assert run.recorder.replays == 1 and run.trace.scalar("hooked")[at - 1] == 0
+    assert np.isnan(run.trace.scalar("in_absmax")).all()
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
