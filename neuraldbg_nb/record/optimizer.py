@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -60,7 +60,8 @@ class Optimizers:
             self._boundary.close(opt)
         return begun == "closure"
 
-    def _begin(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> str:
+    def _begin(self, opt: torch.optim.Optimizer, args: tuple, kwargs: dict
+               ) -> Literal["close", "closure", ""]:
         """`pre` up to the step boundary: "close" where the boundary closes now, "closure"
         where it closes when the step's closure returns, "" otherwise."""
         primary = self._steps.before_step(opt, self._inputs.called_with)

@@ -178,13 +178,19 @@ class Probe:
 
     def _hook_root(self, root: nn.Module) -> None:
         """Per-root hooks (they see keyword arguments, global hooks do not): the input
-        batch is the first tensor of a top-level call of a root. They run outside any
-        compiled graph (`model.compile()` compiles the call, hooks included): dynamo
-        breaks the graph before the forward and calls them as they are."""
-        pre = torch._dynamo.disable(self._root_pre, recursive=True)
-        post = torch._dynamo.disable(self._root_post, recursive=True)
-        self._handles.append(self._owned(root.register_forward_pre_hook(pre, with_kwargs=True)))
-        self._handles.append(self._owned(root.register_forward_hook(post, always_call=True)))
+        batch is the first tensor of a top-level call of a root."""
+        self._hook_calls(root, self._root_pre, self._root_post)
+
+    def _hook_calls(self, module: nn.Module, pre: Callable[..., None],
+                    post: Callable[..., None]) -> None:
+        """`pre` and `post` on each call of `module` (with its keyword arguments; `post`
+        also where the forward raised). They run outside any compiled graph
+        (`model.compile()` compiles the call, hooks included): dynamo breaks the graph
+        before the forward and calls them as they are."""
+        pre = torch._dynamo.disable(pre, recursive=True)
+        post = torch._dynamo.disable(post, recursive=True)
+        self._handles.append(self._owned(module.register_forward_pre_hook(pre, with_kwargs=True)))
+        self._handles.append(self._owned(module.register_forward_hook(post, always_call=True)))
 
     def _hook_parts(self) -> None:
         """The loop trains a model through its parts, not the model (`Forward.outside`:
@@ -201,12 +207,7 @@ class Probe:
                 if id(part) not in self._parts and any(
                         id(m) in outside for m in part.modules()):
                     self._parts.add(id(part))
-                    pre = torch._dynamo.disable(self._part_pre, recursive=True)
-                    post = torch._dynamo.disable(self._part_post, recursive=True)
-                    self._handles.append(self._owned(
-                        part.register_forward_pre_hook(pre, with_kwargs=True)))
-                    self._handles.append(self._owned(
-                        part.register_forward_hook(post, always_call=True)))
+                    self._hook_calls(part, self._part_pre, self._part_post)
         outside.clear()
 
     @guarded

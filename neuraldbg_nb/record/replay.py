@@ -319,7 +319,7 @@ def gradient_cut(now: list[float], recent: Sequence[Sequence[float]]) -> bool:
     layer's gradient is 0 at ordinary steps only where the layer sits some steps out (a
     branch or an expert the batch did not reach): such a layer was 0 at a recent step, or
     not measured (no gradient: NaN), and is no sign here."""
-    if 0.0 not in now or len(recent) < RECENT:
+    if len(recent) < RECENT:
         return False
     return any(x == 0.0 and all(row[i] > 0 for row in recent) for i, x in enumerate(now))
 
