@@ -296,7 +296,8 @@ class Boundary:
             ran = self._replay.run(lambda: set_hooks(True), lambda: set_hooks(False))
         finally:
             forward.replaying(False)
-        if not ran:
+        if not ran:  # what its hooks recorded is not the step's
+            forward.new_step(False, False)
             return None
         forward.queue()
         v = self._sc.to_host()

@@ -222,9 +222,14 @@ class Probe:
 
     @guarded
     def _part_post(self, module: nn.Module, args: tuple, output: object) -> None:
-        if self._replay is not None and self._replay.active:
+        replay = self._replay
+        if replay is not None and replay.active:
             return
-        self._forward.leave_call(output, whole=False)
+        if self._forward.leave_call(output, whole=False) and replay is not None \
+                and not self._boundary.hooked:
+            t0 = clock()
+            replay.output(output)
+            self._timer.other_s += clock() - t0
 
     def _found(self, module: nn.Module, args: tuple) -> None:
         """A model first called (no model given): its hooks hear its calls from the next
@@ -301,6 +306,8 @@ class Probe:
         if self._forward.leave_call(output):
             t0 = clock()
             self._inputs.model_output(output)
+            if self._replay is not None and not self._boundary.hooked:
+                self._replay.output(output)  # (steps not hooked are the ones replayed)
             self._timer.other_s += clock() - t0
 
     @guarded

@@ -17,7 +17,10 @@ A replay is refused, with the reason (`Replay.refusal`), where it cannot be exac
 safe: a sharded model (FSDP gathers its weights in collectives), arguments changed in
 place since the forward (their `_version` moved), forward hooks of the model's own (the
 user's or a library's would hear the call a second time: a side effect of the program's),
-or a forward that raises when run again. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
+or a forward that raises when run again. Its numbers are not used where a call's output
+differs from the one the training got (`output_seen`, `_same`): a forward that reads state
+the loop changed after it (a flag set after `backward()`) or random numbers drawn outside
+torch's generators (Python's `random`, numpy's) ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
 module inside it is replayed (`discovery.unwrapped`), so no collective runs.
 """
 
@@ -33,6 +36,8 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from .discovery import unwrapped
+from .layers import first_tensor
+from .reductions import dense
 
 _PURE_HOOKS = ("WeightNorm", "SpectralNorm")
 """Forward pre-hooks of `torch.nn.utils` that compute a weight from its parts before each
@@ -84,17 +89,96 @@ def _sharded(module: nn.Module) -> bool:
                type(m).__name__.startswith("FSDP") for m in module.modules())
 
 
+Seen = tuple[torch.Tensor, torch.Tensor]
+"""A call's output's fingerprint (`output_seen`): its min and max, on its device."""
+
+
 @dataclass
 class Call:
     """One top-level training call of a watched model, as the step made it."""
 
-    module: nn.Module
+    root: nn.Module
     args: tuple
     kwargs: dict
     versions: list[int]
     rng: tuple[torch.Tensor, list[torch.Tensor] | None]
     autocast: tuple[tuple[str, bool, torch.dtype], ...]
     tensors: list[torch.Tensor] = field(default_factory=list)
+    seen: Seen | None = None
+    """Its output's fingerprint (`output_seen`), taken when it returned a large one."""
+    out: torch.Tensor | None = None
+    """Its output where it is small (`CHECKED`) and no view of a larger tensor, held
+    (detached) until the step ends: its fingerprint is taken only where the step is
+    replayed."""
+    out_version: int = 0
+    """`out`'s in-place version when the call returned."""
+
+    @property
+    def module(self) -> nn.Module:
+        """The module a replay calls: the model inside its wrappers
+        (`discovery.unwrapped`), looked up only where the step is replayed."""
+        return unwrapped(self.root)
+
+    def fingerprint(self) -> Seen | None:
+        """The fingerprint of the output the training got (`output_seen`); None where it
+        is not known (none told, or a small one changed in place since)."""
+        if self.out is not None and self.out._version == self.out_version:
+            return output_seen(checked(self.out))
+        return self.seen
+
+
+CHECKED = 4096
+"""Elements of a call's output whose extremes fingerprint it (`output_seen`): a forward
+that runs another way changes them as surely as the whole output's, and reading a fixed
+slice costs a language model's logits no more than a classifier's ten."""
+
+SAME = 1e-3
+"""Relative difference within which a replayed output's extremes are the training's
+(`_same`): on the CPU a replay is exact, but a compiled model is replayed eagerly, and an
+accelerator's atomic adds sum in another order."""
+
+
+def checked(output: object) -> torch.Tensor | None:
+    """The tensor of a call's output whose values fingerprint it (`output_seen`): its first
+    floating-point one; None where there is none, or it is not a plain tensor with memory
+    of its own (a wrapper such as a DTensor would run a collective)."""
+    t = first_tensor(output)
+    if t is None or type(t) not in (torch.Tensor, nn.Parameter) or t.numel() == 0 \
+            or t.layout != torch.strided or t.is_quantized:
+        return None
+    return t
+
+
+def output_seen(t: torch.Tensor | None) -> Seen | None:
+    """(min, max) of the first `CHECKED` elements, in memory order, of a call's output's
+    `checked` tensor, on its device (read on the host only where a replay compares
+    them); None where there is none, or its memory has gaps."""
+    if t is None:
+        return None
+    t = t.detach()
+    if t.numel() <= CHECKED:  # all of it, in any order
+        return torch.aminmax(t)
+    flat = dense(t)
+    if flat is None:
+        return None
+    return torch.aminmax(flat.view(-1)[:CHECKED])
+
+
+def _same(was: Seen, now: Seen | None) -> bool:
+    """Is the replay's output (`now`, None where it has no fingerprint) the one the
+    training got (`was`), by their fingerprints (`output_seen`, read on the host in one
+    transfer)? Equal within `SAME`, or not finite alike (a NaN where the training's had
+    one)."""
+    if now is None:
+        return False
+    v = torch.stack([t.to(torch.float64 if t.dtype == torch.float64 else torch.float32,
+                          copy=False).to(was[0].device) for t in (*was, *now)]).tolist()
+    for x, y in zip(v[:2], v[2:]):
+        if x == y or (math.isnan(x) and math.isnan(y)):
+            continue
+        if not (math.isfinite(x) and math.isfinite(y)) or abs(x - y) > SAME * max(abs(x), abs(y)):
+            return False
+    return True
 
 
 class Replay:
@@ -120,8 +204,23 @@ class Replay:
         """A top-level training call of `root` begins (its pre-hook): remembered by
         reference, with the RNG and autocast state it starts from."""
         ts = _tensors(args, kwargs)
-        self.calls.append(Call(unwrapped(root), args, dict(kwargs), [t._version for t in ts],
+        self.calls.append(Call(root, args, dict(kwargs), [t._version for t in ts],
                                _rng_state(), _autocast_state(), ts))
+
+    def output(self, output: object) -> None:
+        """The call last recorded returned `output`: what a replay of the step compares
+        its own with (`run`): a small output itself, by reference, a large one's
+        fingerprint. The probe tells it only at steps whose layers are not hooked: only
+        those are replayed."""
+        t = first_tensor(output)
+        if t is None or not self.calls:
+            return
+        call = self.calls[-1]
+        if t._base is None and t.numel() <= CHECKED:  # (a view would hold its base)
+            call.out = t.detach()
+            call.out_version = t._version
+        else:
+            call.seen = output_seen(checked(t))
 
     def refusal(self) -> str | None:
         """Why the step's calls cannot be replayed exactly, or None where they can."""
@@ -165,9 +264,10 @@ class Replay:
             if self.refused is None:
                 self.refused = why
             return False
-        modules = list({id(c.module): c.module for c in self.calls}.values())
+        modules = list({id(m): m for m in (c.module for c in self.calls)}.values())
         buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
         after = _rng_state()
+        pairs = []  # (the training's fingerprint, the replay's) of each call
         self.active = True
         arm()
         try:
@@ -175,7 +275,10 @@ class Replay:
                 for c in self.calls:
                     _set_rng_state(c.rng)
                     with _autocast(c.autocast):
-                        c.module(*c.args, **c.kwargs)
+                        out = c.module(*c.args, **c.kwargs)
+                    was = c.fingerprint()
+                    if was is not None:
+                        pairs.append((was, output_seen(checked(out))))
         except Exception as exc:  # noqa: BLE001 (a forward that cannot run twice: not the training's error)
             if self.refused is None:
                 self.refused = f"its forward raised {type(exc).__name__} when run again"
@@ -187,6 +290,14 @@ class Replay:
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
+        if not all(_same(was, now) for was, now in pairs):
+            if self.refused is None:
+                self.refused = (
+                    "its forward gave another output when run again: it reads state that "
+                    "changed after it, such as a flag the loop sets after backward(), or "
+                    "draws random numbers outside torch's generators, such as Python's "
+                    "random or numpy's")
+            return False
         self.replays += 1
         return True
 

@@ -358,3 +358,73 @@ def test_a_loop_that_calls_the_models_parts_is_replayed_through_them():
     assert run.recorder.replays == 1 and run.trace.scalar("hooked")[at - 1] == 0
     assert np.isnan(run.trace.scalar("in_absmax")).all()
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+class _Flagged(nn.Module):
+    """`_model()`'s layers, called in turn; while `blow` is set, layer 4's output is
+    multiplied by infinity (`noise`: numpy's normal draws, scaled, added to it at every
+    call)."""
+
+    def __init__(self, noise: float = 0.0) -> None:
+        super().__init__()
+        self.net = _model()
+        self.blow = False
+        self.noise = noise
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.net):
+            x = layer(x)
+            if i == 4:
+                if self.blow:
+                    x = x * math.inf
+                if self.noise:
+                    x = x + self.noise * float(np.random.randn())
+        return x
+
+
+def test_a_forward_that_reads_state_changed_after_it_is_not_replayed_as_the_steps():
+    """The loop sets a flag for one step's forward and clears it after `backward()`: the
+    replay, run before the update, computes a finite output where the training's was not;
+    its numbers are not the step's. The run says why, and names the step from its
+    every-step numbers."""
+    at = 13
+    model = _Flagged()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with nd.watch(model, report=False) as run:
+        for step, (x, y) in enumerate(_batches(30)):
+            model.blow = step == at
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            model.blow = False
+            opt.step()
+    assert run.recorder.replays == 0
+    assert np.isnan(run.trace.col("act_absmax")[at]).all()  # no replayed numbers kept
+    said = [n for n in run.notes if "could not be replayed" in n]
+    assert len(said) == 1 and "gave another output" in said[0], run.notes
+    ff = run.first_failure
+    assert ff is not None and ff.step == at, ff
+
+
+def test_a_forward_that_draws_outside_torchs_generators_is_not_replayed_as_the_steps():
+    """Noise from numpy's generator in the forward: a replay draws other numbers, so it
+    does not compute the step's output, and is not used (a weight edited at an unhooked
+    step asks for one: `test_a_weight_changed_outside_the_optimizer_is_replayed_at_its_step`).
+    The same loop without the noise is replayed there."""
+    at = 13
+
+    def edit(step, model):
+        if step == at:
+            with torch.no_grad():
+                model.net[4].weight.mul_(1.5)
+
+    replays = []
+    for noise in (0.0, 0.05):
+        np.random.seed(0)
+        model = _Flagged(noise)
+        with nd.watch(model, report=False) as run:
+            _train(model, _batches(20), edit=edit)
+        replays.append(run.recorder.replays)
+        said = [n for n in run.notes if "gave another output" in n]
+        assert bool(said) == (noise > 0), run.notes
+    assert replays[0] >= 1 and replays[1] == 0
