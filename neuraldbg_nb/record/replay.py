@@ -18,7 +18,7 @@ safe: a sharded model (FSDP gathers its weights in collectives), arguments chang
 place since the forward (their `_version` moved), forward hooks of the model's own (the
 user's or a library's would hear the call a second time: a side effect of the program's),
 or a forward that raises when run again. Its numbers are not used where a call's output
-differs from the one the training got (`output_seen`, `_same`): a forward that reads state
+differs from the one the training got (`output_seen`, `same_output`): a forward that reads state
 the loop changed after it (a flag set after `backward()`) or random numbers drawn outside
 torch's generators (Python's `random`, numpy's) ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
 module inside it is replayed (`discovery.unwrapped`), so no collective runs.
@@ -134,7 +134,7 @@ slice costs a language model's logits no more than a classifier's ten."""
 
 SAME = 1e-3
 """Relative difference within which a replayed output's extremes are the training's
-(`_same`): on the CPU a replay is exact, but a compiled model is replayed eagerly, and an
+(`same_output`): on the CPU a replay is exact, but a compiled model is replayed eagerly, and an
 accelerator's atomic adds sum in another order."""
 
 
@@ -164,19 +164,21 @@ def output_seen(t: torch.Tensor | None) -> Seen | None:
     return torch.aminmax(flat.view(-1)[:CHECKED])
 
 
-def _same(was: Seen, now: Seen | None) -> bool:
+def same_output(was: Seen, now: Seen | None) -> bool:
     """Is the replay's output (`now`, None where it has no fingerprint) the one the
     training got (`was`), by their fingerprints (`output_seen`, read on the host in one
-    transfer)? Equal within `SAME`, or not finite alike (a NaN where the training's had
-    one)."""
+    transfer)? Each extreme equal within `SAME` of the output's extent (the larger
+    magnitude of the four: an extreme near 0 moves by rounding as much as the others),
+    or not finite alike (a NaN where the training's had one)."""
     if now is None:
         return False
     v = torch.stack([t.to(torch.float64 if t.dtype == torch.float64 else torch.float32,
                           copy=False).to(was[0].device) for t in (*was, *now)]).tolist()
+    extent = max((abs(x) for x in v if math.isfinite(x)), default=0.0)
     for x, y in zip(v[:2], v[2:]):
         if x == y or (math.isnan(x) and math.isnan(y)):
             continue
-        if not (math.isfinite(x) and math.isfinite(y)) or abs(x - y) > SAME * max(abs(x), abs(y)):
+        if not (math.isfinite(x) and math.isfinite(y)) or abs(x - y) > SAME * extent:
             return False
     return True
 
@@ -290,7 +292,7 @@ class Replay:
             with torch.no_grad():
                 for b, saved in buffers:
                     b.copy_(saved)
-        if not all(_same(was, now) for was, now in pairs):
+        if not all(same_output(was, now) for was, now in pairs):
             if self.refused is None:
                 self.refused = (
                     "its forward gave another output when run again: it reads state that "

@@ -11,7 +11,16 @@ import torch
 from torch import nn
 
 import neuraldbg_nb as nd
-from neuraldbg_nb.record.replay import RECENT, Recent, Replay, anomalous, grad_total, gradient_cut
+from neuraldbg_nb.record.replay import (
+    RECENT,
+    Recent,
+    Replay,
+    anomalous,
+    grad_total,
+    gradient_cut,
+    output_seen,
+    same_output,
+)
 
 REPLAYED = 5
 
@@ -213,3 +222,19 @@ def test_a_replayed_step_reads_what_the_hooks_read():
     root = sampled.first_failure
     assert root is not None and root.step == fault and root.layer == "4"
     assert (every.first_failure.step, every.first_failure.layer) == (root.step, root.layer)
+
+
+def test_a_replayed_output_is_the_trainings_within_rounding_of_its_extent():
+    def seen(lo: float, hi: float):
+        return output_seen(torch.tensor([lo, 0.5, hi]))
+
+    assert same_output(seen(-2.0, 3.0), seen(-2.0, 3.0))
+    assert same_output(seen(-1e-7, 3.0), seen(2e-7, 3.0 + 1e-6))  # rounding near 0
+    assert not same_output(seen(-2.0, 3.0), seen(-2.0, 3.03))  # 1% of its extent
+    assert same_output(seen(-2.0, math.nan), seen(-2.0, math.nan))  # non-finite alike
+    assert not same_output(seen(-2.0, math.nan), seen(-2.0, 3.0))
+    assert not same_output(seen(-2.0, 3.0), None)
+    big = torch.arange(10_000, dtype=torch.float32).view(100, 100)
+    assert output_seen(big)[1].item() == 4095  # the first `CHECKED` values, in memory order
+    assert output_seen(big.t())[1].item() == 4095
+    assert output_seen(big[:, :50]) is None  # memory with gaps: no fingerprint
