@@ -34,11 +34,13 @@ def deep_mlp(blocks: int, width: int = 32) -> nn.Sequential:
 
 def train_under_panel(model: nn.Module, seconds: float, pause: float = 0.0,
                       budget: float | None = None, fault_layer: int | None = None
-                      ) -> tuple[Panel, ndbg.Run, float, float, float]:
+                      ) -> tuple[Panel, ndbg.Run, float, float, float, float]:
     """Train `model` for about `seconds` of wall time under a live Panel, `pause` seconds
     of data loading per step; at `FAULT_STEP` the weight of `model[fault_layer]` is
-    multiplied by 1000 (where given). Returns (panel, run, wall time, time from the first
-    step's start to the first update that showed a step, the longest step)."""
+    multiplied by 1000 (where given; the steps go on past it, however long they take).
+    Returns (panel, run, wall time, time from the first
+    step's start to the first update that showed a step, the longest step, the first
+    step)."""
     torch.manual_seed(0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
@@ -54,7 +56,9 @@ def train_under_panel(model: nn.Module, seconds: float, pause: float = 0.0,
         first_step = time.perf_counter()
         ends = [first_step]
         step = 0
-        while time.perf_counter() - started < seconds:
+        # (past the fault's step however slow the machine: a stall must not leave it out)
+        while time.perf_counter() - started < seconds or (
+                fault_layer is not None and step <= FAULT_STEP + 1):
             if pause:
                 time.sleep(pause)
             if step == FAULT_STEP and fault_layer is not None:
@@ -68,7 +72,7 @@ def train_under_panel(model: nn.Module, seconds: float, pause: float = 0.0,
             step += 1
     wall = time.perf_counter() - started
     longest = max(b - a for a, b in itertools.pairwise(ends))
-    return panel, run, wall, shown[0] - first_step, longest
+    return panel, run, wall, shown[0] - first_step, longest, ends[1] - ends[0]
 
 
 def assert_within_budget(panel: Panel, wall: float, budget: float) -> None:
@@ -91,12 +95,16 @@ def assert_budget_used(panel: Panel, run: ndbg.Run, wall: float, budget: float) 
     assert b.full >= affordable / 2, (b, run.trace.n_steps, affordable)
 
 
-def assert_live(panel: Panel, run: ndbg.Run, first_paint: float, longest_step: float) -> None:
-    """First paint within a second; a refresh at least every `MAX_GAP` seconds, but for a
-    step that took longer than foreseen (an update goes after a step; on a shared machine
-    one step may take several times the last)."""
+def assert_live(panel: Panel, run: ndbg.Run, first_paint: float, longest_step: float,
+                first_step: float) -> None:
+    """First paint within a second, or within the first step where that step alone took
+    longer (a shared machine's stall: the update showing it goes at its boundary, before
+    it ends); a refresh at least every `MAX_GAP` seconds, but for a step that took longer
+    than foreseen (an update goes after a step; on a shared machine one step may take
+    several times the last)."""
     b = panel.budget
-    assert first_paint < 1.0, f"the first step showed after {first_paint:.2f} s"
+    assert first_paint < max(1.0, first_step), \
+        f"the first step showed after {first_paint:.2f} s ({first_step:.2f} s step)"
     assert b.max_gap <= MAX_GAP + longest_step, \
         f"{b}: no refresh for {b.max_gap:.2f} s (longest step {longest_step:.2f} s)"
     assert panel.step == run.trace.n_steps and panel.status == "finished"  # the final state
@@ -106,11 +114,11 @@ def test_fast_steps_with_a_large_state_stay_within_budget_and_live() -> None:
     """120 small layers: steps come faster than updates, and a full update of a state this
     large takes milliseconds, more than a rate cap alone (`MAX_RATE`) keeps within the
     budget."""
-    panel, run, wall, first_paint, longest = train_under_panel(deep_mlp(58), seconds=6.0)
+    panel, run, wall, first_paint, longest, first = train_under_panel(deep_mlp(58), seconds=6.0)
     b = panel.budget
     assert b.updates <= min(run.trace.n_steps, wall * MAX_RATE) + 2, (b, run.trace.n_steps)
     assert_within_budget(panel, wall, BUDGET)
-    assert_live(panel, run, first_paint, longest)
+    assert_live(panel, run, first_paint, longest, first)
     assert_budget_used(panel, run, wall, BUDGET)
 
 
@@ -118,10 +126,10 @@ def test_slow_steps_stay_within_budget_and_name_the_fault() -> None:
     """A step of about 0.15 s (data loading): updates come after the steps the budget pays
     for, and the panel names the fault injected at its step."""
     model = deep_mlp(3)
-    panel, run, wall, first_paint, longest = train_under_panel(
+    panel, run, wall, first_paint, longest, first = train_under_panel(
         model, seconds=4.0, pause=0.15, fault_layer=5)
     assert_within_budget(panel, wall, BUDGET)
-    assert_live(panel, run, first_paint, longest)
+    assert_live(panel, run, first_paint, longest, first)
     assert_budget_used(panel, run, wall, BUDGET)
     ff = panel.first_failure
     assert ff is not None and (ff["layer"], ff["step"]) == ("5", FAULT_STEP), ff
@@ -132,14 +140,14 @@ def test_a_budget_too_small_for_one_update_a_second_still_refreshes_every_second
     loss, cost) come in between; the map follows at the budget's pace. The first step is
     shown at once all the same (the first paint), not when the budget next allows."""
     budget = 0.0001
-    panel, run, wall, first_paint, longest = train_under_panel(
+    panel, run, wall, first_paint, longest, first = train_under_panel(
         deep_mlp(20), seconds=5.0, budget=budget)
     assert first_paint < 0.5 + longest, first_paint
     b = panel.budget
     assert b.header >= 2, b
     assert b.full < b.header + 3, b  # the full updates are the rarer ones
     assert_within_budget(panel, wall, budget + b.header * b.peak / wall)
-    assert_live(panel, run, first_paint, longest)
+    assert_live(panel, run, first_paint, longest, first)
 
 
 def test_the_pace_follows_the_measured_cost() -> None:
