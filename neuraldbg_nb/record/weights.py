@@ -5,9 +5,7 @@ weight that blows up or goes non-finite) and, on sampled steps, compared with it
 from before the update (the update-to-weight ratio, and for half-precision weights how
 many elements the update left exactly as they were). The numbers are queued on the
 probe's `reductions.Scalars` and come back with the next step's one transfer: they are
-written into the row of the step they belong to, one step late (`record`). The first
-elements of each slice are kept to tell, before the next update, whether the weights
-were changed outside the optimizer (`EditCheck`).
+written into the row of the step they belong to, one step late (`record`).
 """
 
 from __future__ import annotations
@@ -43,9 +41,9 @@ class WeightProbe:
         self._set: Slices | None = None  # the trained weights' slices
         self._mids: list[int] = []  # the module id of each slice's weight
         self._idx: list[int] | None = None  # their layers' indices, once numbered
-        # the slices as the last update left them, their layers, and the positions of
-        # their norms on the step's `Scalars`, until the step boundary reads them (`queue`)
-        self._last: tuple[Slices, list[int], list[int]] | None = None
+        # the slices holding the copy the last update left, and their layers, until the
+        # step boundary reads its norms (`queue`)
+        self._last: tuple[Slices, list[int]] | None = None
         # the slices before a sampled update, and the ids of the weights they are of (a
         # weight the loop replaced since is another tensor, of the same shape)
         self._before: tuple[list[int], list[torch.Tensor]] | None = None
@@ -89,32 +87,30 @@ class WeightProbe:
         self._before = (self._pids, s.take())
 
     def after_update(self, sc: reductions.Scalars, primary: bool) -> None:
-        """After an optimizer's update: the slices' norms are queued on `sc` (read with
-        the next step's transfer, `queue`) and their first elements copied for the edit
-        check (`Slices.keep`); where a copy from before it was kept, the slices are
-        copied again and the update's size is queued too. After the primary optimizer's
-        update, and after every other one that trains watched weights (a GAN's
-        generator): the weights are read after the last of them, and each one's update
-        adds to the step's (each weight is moved by one of them, so their squared norms
-        add up; the primary's copy before the update gives the sizes they are measured
-        against).
+        """After an optimizer's update: the slices are copied (their norms are read at
+        the next step boundary, `queue`) and, where a copy from before it was kept, the
+        update's size is queued on `sc`. After the primary optimizer's update, and after
+        every other one that trains watched weights (a GAN's generator): the weights are
+        read after the last of them, and each one's update adds to the step's (each
+        weight is moved by one of them, so their squared norms add up; the primary's copy
+        before the update gives the sizes they are measured against).
 
         A fixed slice, not the whole weight: an update that moves weights by more than
         their size (a bad learning rate, an in-place edit) moves every part of them, and
         a slice costs the same for a small layer and a large one, where reading all the
         weights would be a full pass over the model. The slices of a device and dtype
-        are normed and copied in one op each (`Slices`): a few ops for hundreds of
-        layers."""
+        are copied in one op (`Slices`): a few ops for hundreds of layers."""
         s = self._slices()
         idx = self._layers()
-        self._last = (s, idx, s.keep(sc))
+        s.keep()
+        self._last = (s, idx)
         before, self._before = self._before, None
         if before is not None and before[0] == self._pids and s.like(before[1]):
-            copy, after = before[1], s.take()
-            moved = s.moved(sc, copy, after)
+            copy = before[1]
+            moved = s.moved(sc, copy)
             if primary or self._update is None:
                 self._update = (moved, idx, s.norms(sc, copy), idx)
-                self._unmoved = _unmoved(s, copy, after, idx, sc)
+                self._unmoved = _unmoved(s, copy, idx, sc)
             else:
                 m, m_idx, b, b_idx = self._update
                 self._update = (m + moved, m_idx + idx, b, b_idx)
@@ -132,8 +128,13 @@ class WeightProbe:
         if last is None:
             self._update = self._unmoved = None
             return [], None
-        s, idx, post = last
-        moves = EditCheck(s, idx, s.edit_totals(sc)) if edits and s is self._set else None
+        s, idx = last
+        moves = None
+        if edits and s is self._set:
+            post, totals = s.kept_and_edit_totals(sc)
+            moves = EditCheck(s, idx, totals)
+        else:
+            post = s.kept_norms(sc)
         parts: list[Part] = [(post, idx)]
         if self._update is not None:
             moved_pos, moved_idx, before, before_idx = self._update
@@ -172,7 +173,8 @@ class WeightProbe:
         self._update = self._unmoved = None
         if last is None or trace.n_steps == 0:
             return False
-        _, idx, pos = last
+        s, idx = last
+        pos = s.kept_norms(sc)
         trace.set_layer_values("param_norm", trace.n_steps - 1,
                                layer_norms(sc.to_host(), [(pos, idx)], trace.n_layers)[0])
         trace.ended = True
@@ -224,7 +226,7 @@ def factor(moved: float, norm: float) -> float:
     return moved / norm if norm > 0 else (math.inf if moved > 0 else math.nan)
 
 
-def _unmoved(s: Slices, before: list[torch.Tensor], after: list[torch.Tensor], idx: list[int],
+def _unmoved(s: Slices, before: list[torch.Tensor], idx: list[int],
              sc: reductions.Scalars) -> tuple[list[int], list[int], list[int]] | None:
     """How many of each half-precision weight slice's elements the primary optimizer's
     update left exactly as they were: in bfloat16 an update below about 1/256 of a weight
@@ -233,5 +235,5 @@ def _unmoved(s: Slices, before: list[torch.Tensor], after: list[torch.Tensor], i
     out: there an element stays put only where its gradient is zero (a dead unit's),
     which other detectors report. Only the primary's update: another optimizer's leaves
     the primary's weights unchanged by design."""
-    pos, which, sizes = s.unchanged(sc, before, after)
+    pos, which, sizes = s.unchanged(sc, before)
     return (pos, [idx[k] for k in which], sizes) if pos else None

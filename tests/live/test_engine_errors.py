@@ -52,7 +52,7 @@ def _module_hooks(model: torch.nn.Module) -> int:
     ("min_max", "root_pre", FAULT),        # the input batch, before the forward
     ("min_max", "post", FAULT),            # a layer's hook, inside the forward
     ("grouped_norms", "opt_pre", FAULT),   # the step boundary, before the update
-    ("Slices.edit_totals", "opt_pre", FAULT),  # the weights' edits, before the update
+    ("Slices.kept_and_edit_totals", "opt_pre", FAULT),  # the weights' edits, before the update
     ("Slices.keep", "opt_post", FAULT + 1),       # the weight probe, after the update
 ])
 def test_an_engine_error_stops_the_watch_not_the_training(

@@ -1,6 +1,6 @@
 """The weight probe's slices (`Slices`): each weight's first elements in memory order,
-normed and copied per device and dtype in one op each; their norms, moves and unchanged
-counts equal what the slices give one by one."""
+copied per device and dtype in one op; their norms, moves and unchanged counts equal
+what the slices give one by one."""
 
 from __future__ import annotations
 
@@ -50,28 +50,26 @@ def test_norms_moves_and_unchanged_counts_match_the_slices_one_by_one() -> None:
         for w in weights:
             w.add_(0.5 if w.dtype != torch.bfloat16 else 0.0)
         weights[-1][:10].add_(1.0)
-    kept = s.keep(sc)
+    s.keep()
     after = [w.reshape(-1)[:SIZE].clone() for w in map(_memory_order, weights)]
-    taken = s.take()
-    pos = s.moved(sc, before, taken)
-    pos_unchanged, which, sizes = s.unchanged(sc, before, taken)
+    pos = s.moved(sc, before)
+    pos_unchanged, which, sizes = s.unchanged(sc, before)
     v = sc.to_host()
     for p, a, b in zip(pos, after, expect_before, strict=True):
         assert abs(v[p] - _norm(a - b)) <= 1e-5 * max(1.0, _norm(a - b))
     assert which == [len(weights) - 1] and sizes == [SIZE]
     assert v[pos_unchanged[0]] == SIZE - 10
-    for p, a in zip(kept, after, strict=True):  # the norms as the update left them
-        assert abs(v[p] - _norm(a)) <= 1e-5 * max(1.0, _norm(a))
 
     with torch.no_grad():  # edited outside the optimizer before the next forward
         weights[1].mul_(3.0)
-    totals = s.edit_totals(sc)
+    kept, totals = s.kept_and_edit_totals(sc)
     v = sc.to_host()
     moved, heads = s.edit_norms(sc)
     w = sc.to_host()
-    for i, (q, h, a) in enumerate(zip(moved, heads, after, strict=True)):
-        assert abs(w[h] - _norm(a)) <= 1e-5 * max(1.0, _norm(a))
-        # (the edit check reads the whole slice by default)
+    for i, (p, q, h, a) in enumerate(zip(kept, moved, heads, after, strict=True)):
+        assert abs(v[p] - _norm(a)) <= 1e-5 * max(1.0, _norm(a))
+        # the edit check reads the whole slice by default
+        assert abs(w[h] - v[p]) <= 1e-5 * max(1.0, v[p])
         now = _memory_order(weights[i]).reshape(-1)[:SIZE]
         assert abs(w[q] - _norm(now - a)) <= 1e-5 * max(1.0, _norm(now - a))
         assert (w[q] > 0) == (i == 1)
@@ -85,19 +83,18 @@ def test_a_channels_last_slice_is_a_view_in_memory_order_and_a_gappy_one_is_read
     assert not again and view.data_ptr() == conv.data_ptr()
     gappy = torch.randn(6, 6)[:, ::3]
     s = Slices([gappy], SIZE)
+    s.keep()
     sc = Scalars()
-    s.keep(sc)
     with torch.no_grad():
         gappy.mul_(2.0)
-    totals = s.edit_totals(sc)
+    _, totals = s.kept_and_edit_totals(sc)
     assert sc.to_host()[totals[0]] > 0, "a weight whose memory has gaps is followed too"
 
 
 def test_slices_of_one_length_normed_together_and_lone_ones_normed_alike() -> None:
-    """Copies of slices of one length, `STACKED` or more of them, are normed in one op
-    over their 2-D view, the others in one `_foreach_norm`: each norm still lands where its
-    weight's position says; so do the norms the update left. The edit check reads each
-    slice's first `edit` elements."""
+    """Slices of one length, `STACKED` or more of them, are normed in one op over their
+    2-D view, the others in one `_foreach_norm`: each norm still lands where its weight's
+    position says. The edit check reads each slice's first `edit` elements."""
     torch.manual_seed(1)
     weights = [torch.randn(8, 16) for _ in range(STACKED + 1)] + [torch.randn(7),
                                                                   torch.randn(5, 3)]
@@ -112,12 +109,12 @@ def test_slices_of_one_length_normed_together_and_lone_ones_normed_alike() -> No
         for k, w in enumerate(weights):
             w.add_(0.1 * (k + 1))
     after = [w.reshape(-1)[:SIZE].clone() for w in weights]
-    kept = s.keep(sc)
-    moved = s.moved(sc, before, s.take())
+    s.keep()
+    moved = s.moved(sc, before)
     with torch.no_grad():
         weights[3].mul_(2.0)
         weights[0].reshape(-1)[edit:].add_(1.0)  # beyond what the edit check reads
-    s.edit_totals(sc)
+    kept, _ = s.kept_and_edit_totals(sc)
     edited, heads = s.edit_norms(sc)
     v = sc.to_host()
     for i, w in enumerate(weights):
@@ -138,10 +135,10 @@ def test_the_edit_totals_are_zero_exactly_where_no_slice_moved() -> None:
     weights = [torch.randn(8, 16) for _ in range(STACKED + 1)] + [
         torch.randn(7), torch.randn(300) * 1e-20, torch.randn(5, 3, dtype=torch.float64)]
     s = Slices(weights, SIZE, 8)
+    s.keep()
     n = len(weights) + 1  # the last layer has no weights: NaN
     sc = Scalars()
-    s.keep(sc)
-    totals = s.edit_totals(sc)
+    _, totals = s.kept_and_edit_totals(sc)
     v = sc.to_host()
     assert [v[m] for m in totals[::2]] == [0.0, 0.0]  # two groups: float32, float64
     assert all(math.isfinite(v[h]) for h in totals[1::2])
@@ -151,7 +148,7 @@ def test_the_edit_totals_are_zero_exactly_where_no_slice_moved() -> None:
     head = weights[3].reshape(-1)[:8].clone()
     with torch.no_grad():
         weights[3][0, 0] += 1e-6
-    totals = s.edit_totals(sc)
+    _, totals = s.kept_and_edit_totals(sc)
     v = sc.to_host()
     assert v[totals[0]] > 0 and v[totals[2]] == 0.0
     got = EditCheck(s, list(range(len(weights))), totals).factors(v, sc, n)
