@@ -18,9 +18,10 @@ safe: a sharded model (FSDP gathers its weights in collectives), arguments chang
 place since the forward (their `_version` moved), forward hooks of the model's own (the
 user's or a library's would hear the call a second time: a side effect of the program's),
 or a forward that raises when run again. Its numbers are not used where a call's output
-differs from the one the training got (`output_seen`, `same_output`): a forward that reads state
-the loop changed after it (a flag set after `backward()`) or random numbers drawn outside
-torch's generators (Python's `random`, numpy's) ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
+differs from the one the training got (`output_seen`, `same_output`): a forward that
+reads state the loop changed after it (a flag set after `backward()`) or random numbers
+drawn outside torch's generators (Python's `random`, numpy's) ran another way the second
+time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
 module inside it is replayed (`discovery.unwrapped`), so no collective runs.
 """
 
@@ -134,8 +135,8 @@ slice costs a language model's logits no more than a classifier's ten."""
 
 SAME = 1e-3
 """Relative difference within which a replayed output's extremes are the training's
-(`same_output`): on the CPU a replay is exact, but a compiled model is replayed eagerly, and an
-accelerator's atomic adds sum in another order."""
+(`same_output`): on the CPU a replay is exact, but a compiled model is replayed eagerly,
+and an accelerator's atomic adds sum in another order."""
 
 
 def checked(output: object) -> torch.Tensor | None:
@@ -269,16 +270,16 @@ class Replay:
         modules = list({id(m): m for m in (c.module for c in self.calls)}.values())
         buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
         after = _rng_state()
-        pairs = []  # (the training's fingerprint, the replay's) of each call
+        pairs: list[tuple[Seen, Seen | None]] = []  # (the training's, the replay's)
         self.active = True
         arm()
         try:
             with torch.no_grad():
                 for c in self.calls:
                     _set_rng_state(c.rng)
+                    was = c.fingerprint()
                     with _autocast(c.autocast):
                         out = c.module(*c.args, **c.kwargs)
-                    was = c.fingerprint()
                     if was is not None:
                         pairs.append((was, output_seen(checked(out))))
         except Exception as exc:  # noqa: BLE001 (a forward that cannot run twice: not the training's error)
@@ -427,11 +428,11 @@ def gradient_cut(now: list[float], recent: Sequence[Sequence[float]]) -> bool:
     it was positive at each of the `RECENT` steps before (`recent`: their rows, oldest
     first)? The path from the loss to the layer was cut in this step's forward: an
     activation after it saturated (in float32 a tanh fed 10 or more, a sigmoid fed 17 or
-    more, passes back exactly 0), or every unit after it went dead. The gradients' total need not move:
-    where the layers after the cut carry most of it, it reads as an ordinary step. A
-    layer's gradient is 0 at ordinary steps only where the layer sits some steps out (a
-    branch or an expert the batch did not reach): such a layer was 0 at a recent step, or
-    not measured (no gradient: NaN), and is no sign here."""
+    more, passes back exactly 0), or every unit after it went dead. The gradients' total
+    need not move: where the layers after the cut carry most of it, it reads as an
+    ordinary step. A layer's gradient is 0 at ordinary steps only where the layer sits
+    some steps out (a branch or an expert the batch did not reach): such a layer was 0 at
+    a recent step, or not measured (no gradient: NaN), and is no sign here."""
     if len(recent) < RECENT:
         return False
     return any(x == 0.0 and all(row[i] > 0 for row in recent) for i, x in enumerate(now))
