@@ -222,14 +222,18 @@ class Probe:
 
     @guarded
     def _part_post(self, module: nn.Module, args: tuple, output: object) -> None:
-        replay = self._replay
-        if replay is not None and replay.active:
+        if self._replay is not None and self._replay.active:
             return
-        if self._forward.leave_call(output, whole=False) and replay is not None \
-                and not self._boundary.hooked:
+        if self._forward.leave_call(output, whole=False):
             t0 = clock()
-            replay.output(output)
+            self._replay_output(output)
             self._timer.other_s += clock() - t0
+
+    def _replay_output(self, output: object) -> None:
+        """A training call's output, for a replay of its step to compare with
+        (`Replay.output`): at steps not hooked, the only ones replayed."""
+        if self._replay is not None and not self._boundary.hooked:
+            self._replay.output(output)
 
     def _found(self, module: nn.Module, args: tuple) -> None:
         """A model first called (no model given): its hooks hear its calls from the next
@@ -306,8 +310,7 @@ class Probe:
         if self._forward.leave_call(output):
             t0 = clock()
             self._inputs.model_output(output)
-            if self._replay is not None and not self._boundary.hooked:
-                self._replay.output(output)  # (steps not hooked are the ones replayed)
+            self._replay_output(output)
             self._timer.other_s += clock() - t0
 
     @guarded

@@ -38,9 +38,8 @@ def train_under_panel(model: nn.Module, seconds: float, pause: float = 0.0,
     """Train `model` for about `seconds` of wall time under a live Panel, `pause` seconds
     of data loading per step; at `FAULT_STEP` the weight of `model[fault_layer]` is
     multiplied by 1000 (where given; the steps go on past it, however long they take).
-    Returns (panel, run, wall time, time from the first
-    step's start to the first update that showed a step, the longest step, the first
-    step)."""
+    Returns (panel, run, wall time, time from the first step's start to the first update
+    that showed a step, the longest step, the first step)."""
     torch.manual_seed(0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
