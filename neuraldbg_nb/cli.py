@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
 import traceback
 import types
@@ -96,6 +97,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"no such script: {args.script}")
         script_argv = [str(args.script), *args.script_args]
         first_path = str(args.script.resolve().parent)
+    global _interrupted
+    _interrupted = False
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = script_argv
     sys.path.insert(0, first_path)
@@ -111,8 +114,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         pass  # the story says where it stopped
     except SystemExit as exit_:
         code = _exit_code(exit_)
-    except KeyboardInterrupt:
-        code = 130
+    except KeyboardInterrupt as exc:
+        _print_script_error(exc)
+        code = INTERRUPTED
+        _interrupted = True
     except Exception as exc:  # noqa: BLE001 - the script's own error: reported as python would
         _print_script_error(exc)
         code = 1
@@ -121,6 +126,29 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         saved = w.run.save(_per_rank(args.save, w.run.rank))
         print(f"neuraldbg: run saved to {saved}", file=sys.stderr)
     return code
+
+
+INTERRUPTED = 130
+"""`neuraldbg run`'s exit code for a script stopped by Ctrl-C (`main`'s return value); the
+command itself ends as `python` does there (`entry`): killed by SIGINT, which a shell
+reads as 130."""
+
+
+def entry() -> None:
+    """The `neuraldbg` command: `main`, and its code as the process's exit status; a script
+    stopped by Ctrl-C ends the process by SIGINT, as `python` ends one, so that a caller
+    waiting on it (a shell loop, a job runner) sees the interrupt, not an exit code."""
+    code = main()
+    if code == INTERRUPTED and _interrupted and os.name == "posix":  # (Windows: the code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(code)
+
+
+_interrupted = False
+"""The last script `main` ran was stopped by Ctrl-C (not ended by `sys.exit(130)`)."""
 
 
 def _print_script_error(exc: BaseException) -> None:
@@ -196,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

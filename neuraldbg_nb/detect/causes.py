@@ -106,9 +106,15 @@ def _edited_before(root: Event, trace: Trace, max_update: float) -> list[Cause]:
     """The first failure's layer had its weights moved `max_update` or more of their size
     outside the optimizer before its step's forward (`w_edited`, read as the step's update
     began): the same cause as `_edited`'s, known at the step itself, where a run stopped
-    at its first failure (`stop_on`) never sees the update that would carry it."""
+    at its first failure (`stop_on`) never sees the update that would carry it. Not where
+    the first failure says it already: an update whose optimizer's own part was measured
+    small (`updates.findings`: "changed outside the optimizer"), whose size, over the
+    whole weights, would be given twice and another way."""
     if root.layer is None or root.signal == "edited" or root.layer not in trace.layer_names \
             or not trace.full_from <= root.step < trace.n_steps:
+        return []
+    if root.kind == "exploding_update" and root.signal == "update" \
+            and root.previous < max_update:
         return []
     v = float(trace.col("w_edited", root.step, root.step + 1)[0,
                                                              trace.layer_index(root.layer)])

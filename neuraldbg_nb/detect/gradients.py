@@ -8,6 +8,7 @@ import numpy as np
 
 from ..trace.columns import Trace
 from .baseline import lagged, log_level, trailing_stats
+from .membership import FROZEN
 from .ran import ran as layers_ran
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .thresholds import Thresholds
@@ -171,20 +172,25 @@ def _frozen(trace: Trace, lo: int, stop: int, g: np.ndarray, finite: np.ndarray,
     """Info where a layer that had gradients has none (not even zeros) for `window`
     steps while it still runs in the forward: its weights were frozen mid-run
     (`requires_grad_(False)`: a bug, or progressive freezing on purpose), or its output
-    no longer reaches the loss. Without it nothing would be said: the layer's columns
-    only go empty. Not for
-    a layer without a gradient from the start (a frozen backbone), nor one that sits
+    no longer reaches the loss; and where an optimizer holds a layer whose weights are
+    frozen from the start (`grad_cut`'s `FROZEN`: a backbone frozen on purpose and
+    handed to the optimizer with the rest, or `requires_grad_(False)` called on the
+    wrong layer, which the loss would never tell). Without it nothing would be said: the
+    layer's columns only go empty. Not for a layer without a gradient from the start that
+    no optimizer holds (a frozen backbone left out of the optimizer), nor one that sits
     out a few steps (a head whose task is off)."""
     ran = layers_ran(trace, lo, stop)
     owned = np.array([i.has_params for i in trace.layers], bool)[None, :]
-    had = np.maximum.accumulate(finite, axis=0)
+    had = np.maximum.accumulate(finite, axis=0) | (trace.col("grad_cut", lo, stop) == FROZEN)
     codes = np.where(finite, OK, np.where(np.isnan(g) & ran & owned & had, INFO, HOLD))
     return Finding("vanishing_gradient", "frozen", codes.astype(np.int8), g,
                    patience=th.window, hold_counts=False,
                    message=lambda n, s, v, p, sev: f"{n}: no gradient from step {s}, though "
-                                                   f"it still runs: its weights were frozen "
+                                                   f"it still runs: its weights are frozen "
                                                    f"(requires_grad off), or its output no "
-                                                   f"longer reaches the loss",
+                                                   f"longer reaches the loss; if it is "
+                                                   f"meant to train, requires_grad_(True) "
+                                                   f"on it",
                    recovery=lambda n, s, v, p, sev: f"{n}: gradient back ({fmt(v)}) at "
                                                     f"step {s}")
 

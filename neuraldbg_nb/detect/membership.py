@@ -26,8 +26,10 @@ UNTRAINED_MODEL = 3.0
 the optimizer was built; the layer's whole model is held by no optimizer."""
 MODEL_CUT = 2.0
 UNUSED = 3.0
+FROZEN = 4.0
 """`grad_cut`'s values besides 1 (`record.membership`): no layer of the model got a
-gradient; a layer before it in its model did (an output the loss does not use)."""
+gradient; a layer before it in its model did (an output the loss does not use); its
+weights are frozen, though an optimizer holds them (`gradients._frozen` says it)."""
 
 
 def _message(name: str, step: int, v: float, previous: float, severity: str) -> str:
@@ -87,7 +89,7 @@ def cut_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Findi
     ran = layers_ran(trace, lo, stop)
     measured = ran.any(axis=1, keepdims=True) | (trace.scalar("sampled", lo, stop) == 1)[:, None]
     seen = ~np.isnan(v) & measured
-    cut = (v > 0) & ran
+    cut = (v > 0) & (v != FROZEN) & ran
     codes = grade(seen, (cut & (v != UNUSED), ERROR), (cut & (v == UNUSED), INFO))
     return [Finding("cut_off", "cut", codes, v, message=_cut_message,
                     recovery=lambda name, s, v, p, sev: f"{name} gets gradients again at "

@@ -18,7 +18,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -41,6 +41,35 @@ from .scans import ScanSchedule
 from .selfcost import SelfCost
 
 _last: Run | None = None
+
+
+class Ended:
+    """A run's recorder once its watch's block has ended (`Run.recorder`): what it did,
+    without the probe, which holds the models: `ndbg.last_run()` keeps the last run,
+    and through the probe it would keep a model the user let go of, with its memory."""
+
+    attached = False
+
+    def __init__(self, replays: int, replay_refused: str | None) -> None:
+        self.replays = replays
+        """Forwards replayed at anomalous steps (`Probe.replays`)."""
+        self.replay_refused = replay_refused
+        """Why a step's forward could not be replayed (`Probe.replay_refused`)."""
+
+    def manual_step(self) -> None:
+        raise RuntimeError(ENDED)
+
+    def log_loss(self, value: float | torch.Tensor) -> None:
+        raise RuntimeError(ENDED)
+
+    def log_input(self, batch: object) -> None:
+        raise RuntimeError(ENDED)
+
+    def sum_losses(self) -> None:
+        raise RuntimeError(ENDED)
+
+
+ENDED = "the watch's block has ended: there is no step in progress to tell"
 
 
 class Runs:
@@ -70,15 +99,24 @@ class Runs:
             self._refs[i] = weakref.ref(new)
 
     def __getitem__(self, i: int) -> Run:
+        """Run number `i` (negative: from the last). IndexError where there is no such
+        number, LookupError where its run was freed."""
         ref = self._refs.get(i if i >= 0 else len(self._refs) + i)
-        run = ref() if ref is not None else None
+        if ref is None:
+            raise IndexError(f"no run {i}: runs are numbered 0..{len(self) - 1} in the "
+                             "order their watch started")
+        run = ref()
         if run is None:
-            raise LookupError(f"no run {i} in memory: runs are numbered 0..{len(self) - 1} "
-                              "in the order their watch started, and one that nothing "
-                              "holds any more is freed")
+            raise LookupError(f"run {i} is no longer in memory: one that nothing holds "
+                              "any more is freed")
         return run
 
+    def __iter__(self) -> Iterator[Run]:
+        """The runs still in memory, in the order their watch started."""
+        return iter([run for ref in self._refs.values() if (run := ref()) is not None])
+
     def __len__(self) -> int:
+        """Runs numbered so far, freed ones included."""
         return len(self._refs)
 
     def __repr__(self) -> str:
@@ -233,6 +271,7 @@ class Watch:
             run.status = "raised"
             run.exception = exc
         self._scan()  # every recorded step judged; the schedule counts from here on re-entry
+        run.recorder = Ended(probe.replays, probe.replay_refused)
         run.notify([])
         if self.report or (self.report is None and not _in_notebook()):
             print(run, file=sys.stderr)

@@ -18,6 +18,7 @@ from ..trace.columns import Trace
 from .layers import (
     acts_by_mode,
     bounds_of,
+    composite,
     is_nonnegative,
     iter_layers,
     own_named_params,
@@ -39,6 +40,7 @@ class Candidate:
     bounds: tuple[float, float] | None
     nonneg: bool
     relu: bool  # exactly nn.ReLU: its max is the max of its input, floored at 0
+    composite: bool = False  # code of its own around its children (`layers.composite`)
     index: int = -1  # the trace's layer index, given at the first call (forward order)
     fewest: int = sys.maxsize  # the fewest elements a call output (`LayerInfo.outputs`)
 
@@ -97,7 +99,8 @@ class Models:
     def _candidate(self, name: str, m: nn.Module) -> Candidate:
         """A layer first seen, registered under `name`."""
         c = self.candidates[id(m)] = Candidate(name, m, role_of(m), bounds_of(m),
-                                               is_nonnegative(m), type(m) is nn.ReLU)
+                                               is_nonnegative(m), type(m) is nn.ReLU,
+                                               composite(m))
         return c
 
     def discover(self, module: nn.Module) -> list[Candidate]:

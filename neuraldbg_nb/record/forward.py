@@ -137,8 +137,8 @@ class Forward:
         elif mid not in self._roots and self._root_depth == 0 and mid not in self._cand \
                 and next(module.parameters(), None) is not None:
             self._found(module, args)  # its hooks hear this call already
-        if mid in self._cand and mid not in self._index:
-            self._layer(mid)
+        if mid in self._cand and mid not in self._index and not self._cand[mid].composite:
+            self._layer(mid)  # (a composite is numbered at its output: after its children)
 
     def enter_call(self) -> bool:
         """A watched model's call begins (its root's pre-hook): True where it is a top-level
@@ -197,9 +197,9 @@ class Forward:
             return
         if self._eval_call or (not self._root_depth and not _grad_enabled()):
             self.eval_seen = True  # an evaluation (see `_grad_enabled`)
-            if c.index < 0:  # its place in forward order all the same (checkpointing a
-                self._layer(id(module))  # whole model runs its first call without them)
-            return
+            if c.index < 0 and not c.composite:  # its place in forward order all the
+                self._layer(id(module))  # same (checkpointing a whole model runs its first
+            return  # call without them)
         if not self._root_depth:
             self.outside.add(id(module))
         y = output if type(output) is torch.Tensor else first_tensor(output)
@@ -211,6 +211,9 @@ class Forward:
         numel = y.numel()
         if numel == 0:
             return  # its check's time, a few attribute reads, is not counted
+        if c.index < 0 and c.composite and (y.dim() == 0 or self._known(y, 0) is not None):
+            return  # a composite that so far returns its last child's output, or a loss
+            # first (a transformers model given labels): no layer
         idx = c.index if c.index >= 0 else self._layer(id(module))
         if numel < c.fewest:
             c.fewest = numel

@@ -2,7 +2,11 @@
 
 A layer is a module with parameters of its own, or a leaf module (activations, pooling,
 norms), minus the ones whose output says nothing about health (dropout, identity,
-reshapes). Containers are not layers: their output is their last child's. Children that
+reshapes), or a module whose forward is code of its own around its children (`composite`:
+a residual block, an attention computing its scores from its projections, a model doing
+maths after its last layer), where a value can go wrong that none of its children
+computed. Plain containers (`nn.Sequential`, `nn.ModuleList`, `nn.ModuleDict`) are not
+layers: their output is their last child's. Children that
 only hold or compute their parent's weights (attention's output projection, the
 parametrizations of `spectral_norm` and `weight_norm`) are part of its layer (`borrowed`).
 """
@@ -104,11 +108,32 @@ def own_params(module: nn.Module) -> list[nn.Parameter]:
     return [p for _, p in own_named_params(module)]
 
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+"""Containers whose forward computes nothing of its own: `nn.Sequential` chains its
+children (its output is its last child's), the lists and dicts have no forward."""
+
+
+def composite(module: nn.Module) -> bool:
+    """A module with children and no weights of its own whose forward is its own code
+    (not a plain container's, `_CONTAINERS`). Its output is what that code made of its
+    children's, so a value that went wrong there (a square root of a negative difference,
+    a softmax over a row all masked, a division by a batch's zero spread) is its own:
+    unhooked, it would first show in the next layer's output and be blamed on that
+    layer. Numbered at its first output of its own (`Forward.post`; not where it returns
+    its last child's output, as a model's root mostly does), it comes after its children
+    in forward order, so a failure that began in a child is still the child's."""
+    if next(module.children(), None) is None or own_params(module):
+        return False
+    forward = type(module).forward
+    return forward is not nn.Module.forward and not any(
+        forward is c.forward for c in _CONTAINERS)
+
+
 def is_layer(module: nn.Module) -> bool:
     if isinstance(module, _SKIP):
         return False
     has_children = next(module.children(), None) is not None
-    return bool(own_params(module)) or not has_children
+    return bool(own_params(module)) or not has_children or composite(module)
 
 
 def iter_layers(root: nn.Module, prefix: str = "") -> Iterator[tuple[str, nn.Module]]:

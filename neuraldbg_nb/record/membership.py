@@ -39,6 +39,10 @@ trained on `fake.detach()`)."""
 UNUSED = 3.0
 """`grad_cut` of such a layer where a layer before it in its model got a gradient: an
 output the loss does not use (a pooler, a head trained in turn)."""
+FROZEN = 4.0
+"""`grad_cut` of a layer held by an optimizer whose weights are all frozen
+(`requires_grad` off): it cannot train, by design (a frozen backbone handed to the
+optimizer with the rest) or by mistake."""
 UNTRAINED_MODEL = 3.0
 """`grad_unheld` of a layer of a watched model none of whose weights any optimizer holds (a
 perceptual-loss network or a teacher left trainable): its gradients are computed for
@@ -116,7 +120,7 @@ class Membership:
 
     def cut(self, models: Models, grad_norm: np.ndarray, backward_ran: bool,
             every_weight: bool = False) -> np.ndarray | None:
-        """The step's `grad_cut` per layer (`CUT`, `MODEL_CUT`, `UNUSED`; 0 for the other
+        """The step's `grad_cut` per layer (`CUT`, `MODEL_CUT`, `UNUSED`, `FROZEN`; 0 for the other
         layers with weights an optimizer holds, NaN for the rest), from the step's
         gradient norms (NaN: no gradient) and the layers that had one at another
         optimizer's step; None where it cannot be told (no backward, no optimizer, or
@@ -143,7 +147,7 @@ class Membership:
             if i in graded:
                 continue
             if not any(p.requires_grad for p in self._held_by_layer.get(i, ())):
-                out[i] = math.nan  # frozen: not judged
+                out[i] = FROZEN
                 continue
             mates = has & (self._root_of == self._root_of[i])
             if not mates.any():

@@ -25,6 +25,7 @@ from ..trace.columns import Trace
 from . import compile_warning, loss_tap, pickling, reductions
 from .backward import Backwards
 from .boundary import Boundary, StepRecord
+from .compiled_call import CallWrapped, compiled_in_place
 from .discovery import Candidate, Models, unwrapped
 from .forward import Forward
 from .guard import guarded
@@ -75,6 +76,7 @@ class Probe:
         self._armed = False
         self._sampled_hooks = layer_hooks == "sampled" and activations
         self._own: set[int] = set()  # the ids of this probe's hooks on modules
+        self._compiled: set[int] = set()  # ids of the modules of roots compiled in place
         self._replay = Replay(self._own) if self._sampled_hooks else None
         self._quiet: Any = None  # the compile-warning filter while the global hook is in
         self._unsubscribe: Callable[[], None] | None = None
@@ -121,7 +123,9 @@ class Probe:
 
     def _hook_layers(self, layers: list[Candidate]) -> None:
         if self.activations and self._armed:
-            self._layer_hooks.on(layers)
+            compiled = self._compiled
+            self._layer_hooks.on([c for c in layers if id(c.module) not in compiled]
+                                 if compiled else layers)
 
     def _set_hooks(self, on: bool) -> None:
         """The layer hooks on for the next forward, or off (`layer_hooks="sampled"`: at
@@ -178,15 +182,25 @@ class Probe:
 
     def _hook_root(self, root: nn.Module) -> None:
         """Per-root hooks (they see keyword arguments, global hooks do not): the input
-        batch is the first tensor of a top-level call of a root."""
+        batch is the first tensor of a top-level call of a root. A root compiled in
+        place (`compiled_call`) gets no layer hooks: its graphs never run them, and
+        putting them on and off between steps would make it compile other graphs, whose
+        results may differ in the last bit."""
+        if compiled_in_place(root):
+            self._compiled.update(id(m) for m in root.modules())
+            self._forward.compiled_seen = True
         self._hook_calls(root, self._root_pre, self._root_post)
 
     def _hook_calls(self, module: nn.Module, pre: Callable[..., None],
                     post: Callable[..., None]) -> None:
         """`pre` and `post` on each call of `module` (with its keyword arguments; `post`
-        also where the forward raised). They run outside any compiled graph
-        (`model.compile()` compiles the call, hooks included): dynamo breaks the graph
-        before the forward and calls them as they are."""
+        also where the forward raised). They run outside any compiled graph: around the
+        compiled call of a module compiled in place (`compiled_call`), whose graphs a
+        hook of its own would change; elsewhere dynamo breaks the graph of an enclosing
+        compiled call before them and calls them as they are."""
+        if compiled_in_place(module):
+            self._handles.append(self._owned(CallWrapped(module, pre, post)))
+            return
         pre = torch._dynamo.disable(pre, recursive=True)
         post = torch._dynamo.disable(post, recursive=True)
         self._handles.append(self._owned(module.register_forward_pre_hook(pre, with_kwargs=True)))

@@ -10,8 +10,10 @@ on, under `torch.no_grad()`: the weights are still those the forward used (the r
 in the optimizer's pre-hook, before the update), dropout draws the same masks from the
 restored RNG, BatchNorm in train mode normalises by the same batch statistics, and autocast
 picks the same dtypes, so each layer's output is the one the training computed, bit for bit.
-What a forward changes is put back afterwards: every buffer of the model (running
-statistics, counters) and the RNG states, so the training goes on as if no replay had run.
+What a forward changes is put back afterwards (`replay_state.Saved`): every buffer of the
+model (running statistics, counters), the random states (torch's, Python's, numpy's, a
+generator a module holds) and the modules' own attributes (a counter of calls, a list
+logged to), so the training goes on as if no replay had run; its warnings are not shown.
 
 A replay is refused, with the reason (`Replay.refusal`), where it cannot be exact or
 safe: a sharded model (FSDP gathers its weights in collectives), arguments changed in
@@ -39,6 +41,7 @@ from torch.nn.modules import module as nn_module
 from .discovery import unwrapped
 from .layers import first_tensor
 from .reductions import dense
+from .replay_state import Saved, rng_state, set_rng_state
 
 _PURE_HOOKS = ("WeightNorm", "SpectralNorm")
 """Forward pre-hooks of `torch.nn.utils` that compute a weight from its parts before each
@@ -55,19 +58,6 @@ def _autocast_state() -> tuple[tuple[str, bool, torch.dtype], ...]:
 
 def _has(device_type: str) -> bool:
     return device_type == "cpu" or (device_type == "cuda" and torch.cuda.is_initialized())
-
-
-def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-    """The CPU's generator state and, where CUDA is initialised, every device's."""
-    dev = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    return torch.get_rng_state(), dev
-
-
-def _set_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -> None:
-    cpu, dev = state
-    torch.set_rng_state(cpu)
-    if dev is not None:
-        torch.cuda.set_rng_state_all(dev)
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -208,7 +198,7 @@ class Replay:
         reference, with the RNG and autocast state it starts from."""
         ts = _tensors(args, kwargs)
         self.calls.append(Call(root, args, dict(kwargs), [t._version for t in ts],
-                               _rng_state(), _autocast_state(), ts))
+                               rng_state(), _autocast_state(), ts))
 
     def output(self, output: object) -> None:
         """The call last recorded returned `output`: what a replay of the step compares
@@ -268,15 +258,14 @@ class Replay:
                 self.refused = why
             return False
         modules = list({id(m): m for m in (c.module for c in self.calls)}.values())
-        buffers = [(b, b.detach().clone()) for m in modules for b in m.buffers()]
-        after = _rng_state()
         pairs: list[tuple[Seen, Seen | None]] = []  # (the training's, the replay's)
+        saved = Saved(modules)
         self.active = True
         arm()
         try:
-            with torch.no_grad():
+            with saved, torch.no_grad():
                 for c in self.calls:
-                    _set_rng_state(c.rng)
+                    set_rng_state(c.rng)
                     was = c.fingerprint()
                     with _autocast(c.autocast):
                         out = c.module(*c.args, **c.kwargs)
@@ -289,10 +278,11 @@ class Replay:
         finally:
             disarm()
             self.active = False
-            _set_rng_state(after)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
+        if saved.changed:  # (plain tensors too large to copy before it)
+            if self.refused is None:
+                self.refused = (f"its forward changed {', '.join(saved.changed)} in place "
+                                f"when run again, more than a replay copies to put back")
+            return False
         if not all(same_output(was, now) for was, now in pairs):
             if self.refused is None:
                 self.refused = (

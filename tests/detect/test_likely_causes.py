@@ -137,6 +137,44 @@ def test_a_weight_set_to_infinity_outside_the_optimizer_is_said_in_words(tmp_pat
     assert "infx" not in str(run)
 
 
+class _Recurrent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(8, 32, batch_first=True)
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(x)[0][:, -1])
+
+
+def test_an_edit_the_first_failure_already_says_is_not_said_again() -> None:
+    """An LSTM's recurrent weights multiplied 1000x in place at step 40, its gradients
+    clipped: its output, a tanh's, cannot jump, nor can its gradient, so its update is
+    the first failure, which says the weights were
+    changed outside the optimizer with their size; no likely cause repeats it, measured
+    another way (the edit check reads a slice of each weight)."""
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    model = _Recurrent()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            if step == S:
+                with torch.no_grad():
+                    model.lstm.weight_hh_l0.mul_(1000.0)
+            x = torch.randn(16, 10, 8, generator=gen)
+            loss = torch.nn.functional.cross_entropy(model(x), (x[:, -1, 0] > 0).long())
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    root = run.first_failure
+    assert root is not None and (root.kind, root.layer, root.step) == (
+        "exploding_update", "lstm", S), root
+    assert "changed outside the optimizer" in root.message
+    assert not [c for c in run.likely_causes if c.kind == "edited"], run.likely_causes
+
+
 def test_a_healthy_run_has_no_likely_cause(tmp_path) -> None:
     run = trained()
     assert run.first_failure is None

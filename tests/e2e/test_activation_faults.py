@@ -131,6 +131,88 @@ def test_a_spike_that_a_saturated_tanh_hides_from_the_loss_is_named_at_its_step(
     assert run.recorder.replays == 1
 
 
+class _SqrtFeatures(torch.nn.Module):
+    """No weights of its own: a child layer, then its own code, a square root of the
+    child's output shifted by `shift` (NaN where it goes below 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+        self.shift = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.lin(x)
+        return torch.sqrt(z.abs() + 1.0 - self.shift)
+
+
+class _Scaled(torch.nn.Module):
+    """A model's root with no weights of its own: its layers in a dict, its last line a
+    division by `scale`, and a last block that returns its child's output as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleDict({
+            "stem": torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh()),
+            "mid": _SqrtFeatures(),
+            "head": _Through(torch.nn.Linear(32, 4))})
+        self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.blocks
+        return b["head"](b["mid"](b["stem"](x))) / self.scale
+
+
+class _Through(torch.nn.Module):
+    """A wrapper whose output is its child's, unchanged."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.fc = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("where,at", [("mid", S), ("mid", S + 3), ("root", S + 3), ("none", 0)])
+def test_a_value_gone_wrong_in_a_modules_own_code_around_its_children_is_its_own(where, at):
+    """A module without weights of its own whose forward does maths around its children
+    (`layers.composite`): a square root of a negative value in it, or a division by zero
+    in the root's last line, is named after that module at its step (a sampled step, and
+    one that is not, found by the replay), not after the layer its output goes to next,
+    nor the loss. A module that returns its child's output as it is (the head's wrapper)
+    gets no row, and a module's row comes after its children's in forward order."""
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = _Scaled()
+    teacher = torch.randn(16, 4, generator=gen)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            if step == at and where == "mid":
+                model.blocks["mid"].shift = 50.0
+            if step == at and where == "root":
+                model.scale = 0.0
+            x = torch.randn(64, 16, generator=gen)
+            loss = torch.nn.functional.cross_entropy(model(x), (x @ teacher).argmax(1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            model.blocks["mid"].shift, model.scale = 0.0, 1.0
+    names = run.trace.layer_names
+    assert "blocks.head" not in names  # (its output is its child's)
+    assert names.index("blocks.mid") == names.index("blocks.mid.lin") + 1
+    ff = run.first_failure
+    if where == "none":
+        assert ff is None and not [str(e) for e in run.events if e.severity == "error"], ff
+        return
+    layer = "blocks.mid" if where == "mid" else "_Scaled"
+    assert ff is not None and (ff.step, ff.layer, ff.kind) == (at, layer,
+                                                               "nonfinite_activation"), ff
+    assert names.index(layer) > names.index("blocks.head.fc") or where == "mid"
+    if at != S:
+        assert run.trace.scalar("sampled")[at] == 0 and run.recorder.replays >= 1
+
+
 def test_units_dying_after_a_learning_rate_raised_tenfold_are_dated_when_they_began():
     """SGD with momentum, the learning rate raised 10x at step 100 (0.05 -> 0.5): the
     third layer's units die, 71% by the sampled step 110 (a warning), and cross the error

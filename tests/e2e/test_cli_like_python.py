@@ -120,3 +120,32 @@ def test_no_script_and_no_module_is_a_clear_error(tmp_path):
     done = subprocess.run([sys.executable, "-m", "neuraldbg_nb.cli", "run"],
                           capture_output=True, text=True, cwd=tmp_path, check=False)
     assert done.returncode == 2 and "give a script to run, or -m MODULE" in done.stderr
+
+
+@pytest.mark.parametrize("end", ["interrupt", "exit 130"])
+def test_ctrl_c_ends_the_command_as_it_ends_python(tmp_path, end):
+    """A script stopped by Ctrl-C (KeyboardInterrupt at step 5): the command prints its
+    traceback and ends by SIGINT, as `python` does (a caller sees the interrupt, a shell
+    reads 130), and the run up to it is saved. A script that exits with code 130 itself
+    ends with that code, as under `python`."""
+    stop = "raise KeyboardInterrupt" if end == "interrupt" else "raise SystemExit(130)"
+    script = write(tmp_path, "stopped.py", TRAIN + f"""
+import torch.optim
+_step = torch.optim.SGD.step
+def step(self, *a, _n=[0], **k):
+    _n[0] += 1
+    if _n[0] == 6:
+        {stop}
+    return _step(self, *a, **k)
+torch.optim.SGD.step = step
+train()
+""")
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path, check=False)
+    done = neuraldbg(tmp_path, str(script))
+    assert done.returncode == plain.returncode == (-2 if end == "interrupt" else 130), (
+        done.stderr)
+    assert ("KeyboardInterrupt" in done.stderr) == ("KeyboardInterrupt" in plain.stderr)
+    run = ndbg.load(tmp_path / "out.npz")
+    assert run.trace.n_steps >= 5 and run.status == ("interrupted" if end == "interrupt"
+                                                     else "exited")

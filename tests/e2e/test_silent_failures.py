@@ -96,6 +96,27 @@ def test_a_layer_unfrozen_without_adding_it_to_the_optimizer_is_an_error_at_that
     assert "no optimizer holds" in first.message and "from step 12" in first.message
 
 
+@pytest.mark.parametrize("held", [True, False])
+def test_a_layer_frozen_while_its_optimizer_holds_it_is_said_as_an_info(held):
+    """`requires_grad_(False)` on the middle layer after the optimizer was built from
+    every weight (a freeze on the wrong layer, or on purpose): it runs and never trains,
+    which nothing else would say; an info from step 0 naming it, no error. Left out of
+    the optimizer (`held` False: a backbone frozen on purpose), nothing is said."""
+    model = _backbone_and_head()
+    if held:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        model[2].requires_grad_(False)
+    else:
+        model[2].requires_grad_(False)
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with ndbg.watch(model, report=False) as run:
+        _train(model, opt, 40)
+    assert run.first_failure is None and not _errors(run)
+    frozen = [(e.layer, e.step, e.severity) for e in run.events if e.signal == "frozen"]
+    assert frozen == ([("2", 0, "info")] if held else []), run.events
+    assert not [e for e in run.events if e.kind == "cut_off"]
+
+
 def test_stop_on_error_stops_a_layer_unfrozen_without_its_optimizer_at_that_step():
     """Read from the optimizers at every step, not sampled: a live run with
     `stop_on="error"` stops at the step the layer was unfrozen."""

@@ -3,7 +3,10 @@ the training's own, bit for bit, and the training after it is as without it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
+import warnings
 
 import numpy as np
 import pytest
@@ -238,3 +241,71 @@ def test_a_replayed_output_is_the_trainings_within_rounding_of_its_extent():
     assert output_seen(big)[1].item() == 4095  # the first `CHECKED` values, in memory order
     assert output_seen(big.t())[1].item() == 4095
     assert output_seen(big[:, :50]) is None  # memory with gaps: no fingerprint
+
+
+
+class _Stateful(nn.Module):
+    """A forward with state of its own besides its weights: Python's and numpy's random
+    numbers (a layer drop, a jitter), a generator it holds (noise), a counter of calls, a
+    list it logs to, a plain tensor it updates in place (not a buffer), and a warning it
+    gives only with gradients off."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 32), nn.Linear(32, 32), nn.Linear(32, 3)
+        self.gen = torch.Generator().manual_seed(5)
+        self.calls = 0
+        self.log: list[float] = []
+        self.seen = torch.zeros(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.seen.mul_(0.9).add_(x.mean(0))
+        self.log.append(float(x.abs().max()))
+        if not torch.is_grad_enabled():
+            warnings.warn("forward run without gradients", UserWarning, stacklevel=2)
+        h = torch.relu(self.a(x))
+        if random.random() > 0.3:
+            h = h + torch.relu(self.b(h))
+        h = h * (1 + 0.01 * float(np.random.randn()))
+        return self.c(h + 0.01 * torch.randn(h.shape, generator=self.gen))
+
+
+def _stateful_training(watched: bool) -> tuple:
+    """The losses of a training of `_Stateful` whose step 13 gets a batch 50x (a step
+    whose layers are not hooked: replayed, or tried), and the state after it."""
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(0)
+    model = _Stateful()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(2)
+    losses = []
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        with nd.watch(model, report=False) if watched else contextlib.nullcontext() as run:
+            for step in range(24):
+                x = torch.randn(32, 8, generator=gen)
+                if step == 13:
+                    x = x * 50
+                loss = nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+    if watched:
+        assert run.trace.scalar("hooked")[13] == 0
+        assert run.recorder.replays + (run.recorder.replay_refused is not None) == 1
+    return (losses, model.calls, list(model.log), model.seen.tolist(),
+            model.gen.get_state().tolist(), random.random(), float(np.random.rand()),
+            [str(w.message) for w in shown if "without gradients" in str(w.message)])
+
+
+def test_a_replay_leaves_no_trace_of_its_forward():
+    """Whatever a replayed forward changes when run again (the random states, a
+    generator it holds, its counter, its log, a tensor it updates in place) is put back,
+    and its warning is not shown: the training and its state after are those of the same
+    loop unwatched, bit for bit."""
+    plain = _stateful_training(False)
+    assert plain[-1] == []  # (the training never runs its forward without gradients)
+    assert _stateful_training(True) == plain
