@@ -41,6 +41,7 @@ class Candidate:
     nonneg: bool
     relu: bool  # exactly nn.ReLU: its max is the max of its input, floored at 0
     composite: bool = False  # code of its own around its children (`layers.composite`)
+    root: bool = False  # the model itself (as it is called, inside its wrappers)
     index: int = -1  # the trace's layer index, given at the first call (forward order)
     fewest: int = sys.maxsize  # the fewest elements a call output (`LayerInfo.outputs`)
 
@@ -89,18 +90,18 @@ class Models:
         for name, m in iter_layers(root, prefix):
             if id(m) in self.candidates:
                 continue
-            new.append(self._candidate(name, m))
+            new.append(self._candidate(name, m, m is root))
             for pname, p in own_named_params(m):
                 if id(p) not in seen:
                     seen.add(id(p))
                     self.owners.append((f"{name}.{pname}", p, id(m)))
         return new
 
-    def _candidate(self, name: str, m: nn.Module) -> Candidate:
-        """A layer first seen, registered under `name`."""
+    def _candidate(self, name: str, m: nn.Module, root: bool) -> Candidate:
+        """A layer first seen, registered under `name` (`root`: the model itself)."""
         c = self.candidates[id(m)] = Candidate(name, m, role_of(m), bounds_of(m),
                                                is_nonnegative(m), type(m) is nn.ReLU,
-                                               composite(m))
+                                               composite(m), root)
         return c
 
     def discover(self, module: nn.Module) -> list[Candidate]:
@@ -156,7 +157,7 @@ class Models:
                     continue
                 walked.add(id(m))
                 if id(m) not in self.candidates:
-                    new.append(self._candidate(name, m))
+                    new.append(self._candidate(name, m, m is inner))
                 for pname, p in own_named_params(m):
                     if id(p) not in seen:
                         seen.add(id(p))

@@ -211,9 +211,10 @@ class Forward:
         numel = y.numel()
         if numel == 0:
             return  # its check's time, a few attribute reads, is not counted
-        if c.index < 0 and c.composite and (y.dim() == 0 or self._known(y, 0) is not None):
-            return  # a composite that so far returns its last child's output, or a loss
-            # first (a transformers model given labels): no layer
+        if c.composite and c.index < 0 and (y.dim() == 0 or (
+                c.root and self._known(y, 0) is not None)):
+            return  # a loss first (a transformers model given labels), or a model that so
+            # far returns its last layer's output: no layer (`layers.composite`)
         idx = c.index if c.index >= 0 else self._layer(id(module))
         if numel < c.fewest:
             c.fewest = numel

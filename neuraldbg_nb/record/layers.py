@@ -119,9 +119,14 @@ def composite(module: nn.Module) -> bool:
     children's, so a value that went wrong there (a square root of a negative difference,
     a softmax over a row all masked, a division by a batch's zero spread) is its own:
     unhooked, it would first show in the next layer's output and be blamed on that
-    layer. Numbered at its first output of its own (`Forward.post`; not where it returns
-    its last child's output, as a model's root mostly does), it comes after its children
-    in forward order, so a failure that began in a child is still the child's."""
+    layer. Numbered at its first output (`Forward.post`), it comes after its children in
+    forward order, so a failure that began in a child is still the child's; its row
+    holds what it returns, its last child's output too where it passes that on (a
+    wrapper whose own code runs only on some steps has its history, and its place in
+    forward order, from the first). A model's root is numbered at its first output of
+    its own: most return their last layer's output, and theirs is last in forward order
+    whenever it comes; a loss returned first (a transformers model given labels) is no
+    activation."""
     if next(module.children(), None) is None or own_params(module):
         return False
     forward = type(module).forward

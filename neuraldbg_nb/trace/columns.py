@@ -63,8 +63,9 @@ LAYER_COLUMNS: tuple[str, ...] = (
     "act_nonfinite",  # count of non-finite outputs (sampled)
     "grad_unheld",    # >0: the layer's weights got gradients that no optimizer holds (every
                       # step; its values: `record.membership`), 0 where they are held
-    "grad_cut",       # >0: the layer's weights are trainable and held by an optimizer but got
-                      # no gradient in the step (every step; `record.membership.Membership.cut`)
+    "grad_cut",       # >0: the layer's weights are held by an optimizer but got no
+                      # gradient in the step, trainable or frozen (every step; its values:
+                      # `record.membership.Membership.cut`)
     "w_edited",       # |w_now - w_after_last_update| / |w_after_last_update| as the step's
                       # update begins, of the first EDIT_PROBE elements of param_norm's
                       # slice: how far the weights moved outside the optimizer before the

@@ -163,24 +163,29 @@ class _Scaled(torch.nn.Module):
 
 
 class _Through(torch.nn.Module):
-    """A wrapper whose output is its child's, unchanged."""
+    """A wrapper whose output is its child's, unchanged, except where `broken`: then its
+    own code takes the log of it, shifted below 0."""
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.fc = inner
+        self.broken = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
+        y = self.fc(x)
+        return torch.log(y - 1e3) if self.broken else y
 
 
-@pytest.mark.parametrize("where,at", [("mid", S), ("mid", S + 3), ("root", S + 3), ("none", 0)])
+@pytest.mark.parametrize("where,at", [("mid", S), ("mid", S + 3), ("root", S + 3),
+                                      ("head", S + 3), ("none", 0)])
 def test_a_value_gone_wrong_in_a_modules_own_code_around_its_children_is_its_own(where, at):
     """A module without weights of its own whose forward does maths around its children
-    (`layers.composite`): a square root of a negative value in it, or a division by zero
-    in the root's last line, is named after that module at its step (a sampled step, and
-    one that is not, found by the replay), not after the layer its output goes to next,
-    nor the loss. A module that returns its child's output as it is (the head's wrapper)
-    gets no row, and a module's row comes after its children's in forward order."""
+    (`layers.composite`): a square root of a negative value in it, a log in a wrapper
+    whose own code runs only at the fault's step (it passes its child's output on at the
+    others), or a division by zero in the root's last line, is named after that module
+    at its step (a sampled step, and one that is not, found by the replay), not after
+    the layer its output goes to next, nor the loss. A module's row comes after its
+    children's in forward order."""
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     model = _Scaled()
@@ -192,6 +197,7 @@ def test_a_value_gone_wrong_in_a_modules_own_code_around_its_children_is_its_own
                 model.blocks["mid"].shift = 50.0
             if step == at and where == "root":
                 model.scale = 0.0
+            model.blocks["head"].broken = step == at and where == "head"
             x = torch.randn(64, 16, generator=gen)
             loss = torch.nn.functional.cross_entropy(model(x), (x @ teacher).argmax(1))
             opt.zero_grad()
@@ -199,16 +205,17 @@ def test_a_value_gone_wrong_in_a_modules_own_code_around_its_children_is_its_own
             opt.step()
             model.blocks["mid"].shift, model.scale = 0.0, 1.0
     names = run.trace.layer_names
-    assert "blocks.head" not in names  # (its output is its child's)
     assert names.index("blocks.mid") == names.index("blocks.mid.lin") + 1
+    assert names.index("blocks.head") == names.index("blocks.head.fc") + 1
     ff = run.first_failure
     if where == "none":
         assert ff is None and not [str(e) for e in run.events if e.severity == "error"], ff
         return
-    layer = "blocks.mid" if where == "mid" else "_Scaled"
+    layer = {"mid": "blocks.mid", "head": "blocks.head", "root": "_Scaled"}[where]
     assert ff is not None and (ff.step, ff.layer, ff.kind) == (at, layer,
                                                                "nonfinite_activation"), ff
     assert names.index(layer) > names.index("blocks.head.fc") or where == "mid"
+    assert names.index("blocks.head") < names.index("_Scaled")
     if at != S:
         assert run.trace.scalar("sampled")[at] == 0 and run.recorder.replays >= 1
 
