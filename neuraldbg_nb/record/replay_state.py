@@ -131,10 +131,12 @@ def _refill(container: Any, items: list[Any]) -> None:
     """Give `container` its saved contents (`items`: its elements, or a dict's items)
     again where they changed, in place (the loop may hold it). Compared by identity: the
     values may be tensors, whose `==` is elementwise."""
-    now = list(container.items()) if isinstance(container, dict) else list(container)
-    if len(now) == len(items) and all(
-            a is b or (type(a) is tuple and a[0] is b[0] and a[1] is b[1])
-            for a, b in zip(now, items)):
+    if isinstance(container, dict):
+        now: list[Any] = [x for kv in container.items() for x in kv]
+        was = [x for kv in items for x in kv]
+    else:
+        now, was = list(container), items
+    if len(now) == len(was) and all(a is b for a, b in zip(now, was)):
         return
     container.clear()
     if isinstance(container, (dict, set)):

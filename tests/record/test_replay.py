@@ -309,3 +309,25 @@ def test_a_replay_leaves_no_trace_of_its_forward():
     plain = _stateful_training(False)
     assert plain[-1] == []  # (the training never runs its forward without gradients)
     assert _stateful_training(True) == plain
+
+
+def test_a_modules_containers_get_their_contents_back_whatever_they_hold():
+    """Lists of one-element tuples, dicts, deques and sets, changed by a replay, get
+    their saved contents back in place (compared by identity: no element's `==` runs)."""
+    from collections import deque
+
+    from neuraldbg_nb.record.replay_state import _refill
+    t = torch.ones(3)
+    one, other = (t,), (t,)  # (alike but not the same: a replay rebuilt the element)
+    held = [one]
+    _refill(held, [other])
+    assert held == [other] and held[0] is other
+    kept = {"t": t}
+    _refill(kept, [("t", t), ("n", 1)])
+    assert list(kept) == ["t", "n"] and kept["t"] is t
+    window = deque([t, t], maxlen=2)
+    _refill(window, [t])
+    assert list(window) == [t]
+    seen = {1, 2}
+    _refill(seen, [3])
+    assert seen == {3}
