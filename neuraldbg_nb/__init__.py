@@ -22,13 +22,13 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "unknown"
 
 
-def show(run: Run | str, baseline: Run | str | None = None) -> object:
+def show(run: Run | str, baseline: Run | str | None = None) -> None:
     """Display the panel of a run, or of a run saved at a path, in a notebook: its map,
     first failure and feed, with clicks and sliders; with `baseline` (another run or path),
-    where the two part (`notebook.show`). Returns the panel."""
+    where the two part (`notebook.show`)."""
     from .notebook.show import show as show_panel
 
-    return show_panel(run, baseline)
+    show_panel(run, baseline)
 
 
 def load_ipython_extension(ipython: object) -> None:

@@ -36,7 +36,7 @@ from .live.options import (
 )
 from .live.watcher import watch
 from .report.compare import compare
-from .report.run import TrainingFailure, load
+from .report.run import Run, TrainingFailure, load, saved_files
 
 
 def _per_rank(path: Path, rank: tuple[int, int] | None) -> Path:
@@ -44,7 +44,8 @@ def _per_rank(path: Path, rank: tuple[int, int] | None) -> Path:
     (`neuraldbg-run.rank1.npz`), where they would all write the same one."""
     if rank is None:
         return path
-    return path.with_name(f"{path.with_suffix('').name}.rank{rank[0]}.npz")
+    npz = saved_files(path)[0]
+    return npz.with_name(f"{npz.name[:-len('.npz')]}.rank{rank[0]}.npz")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -97,12 +98,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"no such script: {args.script}")
         script_argv = [str(args.script), *args.script_args]
         first_path = str(args.script.resolve().parent)
+    try:
+        w = watch(None, report=True, **watch_keywords(args))
+    except (TypeError, ValueError) as e:  # an option's value out of its range
+        parser.error(str(e))
     global _interrupted
     _interrupted = False
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = script_argv
     sys.path.insert(0, first_path)
-    w = watch(None, report=True, **watch_keywords(args))
     code = 0
     try:
         with w:
@@ -137,8 +141,14 @@ reads as 130."""
 def entry() -> None:
     """The `neuraldbg` command: `main`, and its code as the process's exit status; a script
     stopped by Ctrl-C ends the process by SIGINT, as `python` ends one, so that a caller
-    waiting on it (a shell loop, a job runner) sees the interrupt, not an exit code."""
-    code = main()
+    waiting on it (a shell loop, a job runner) sees the interrupt, not an exit code.
+    Output piped into a reader that stops early (`| head`) ends it quietly."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader is gone: no traceback for it, nor at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     if code == INTERRUPTED and _interrupted and os.name == "posix":  # (Windows: the code)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -166,10 +176,12 @@ def _runner_frame(code: types.CodeType) -> bool:
                                                                 "<frozen runpy>")
 
 
-def _check_saved(parser: argparse.ArgumentParser, path: Path) -> None:
-    """Exit with a usage error where no run is saved at `path`."""
-    if not path.exists() and not path.with_suffix(".npz").exists():
-        parser.error(f"no saved run at {path}")
+def _load(parser: argparse.ArgumentParser, path: Path) -> Run:
+    """The run saved at `path`; a usage error, saying why, where there is none."""
+    try:
+        return load(path)
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
 
 
 def _exit_code(exit_: SystemExit) -> int:
@@ -201,17 +213,16 @@ def main(argv: list[str] | None = None) -> int:
         return _run(parser, args)
 
     if args.command == "compare":
-        for path in (args.a, args.b):
-            _check_saved(parser, path)
-        comparison = compare(args.a, args.b)
-        print(comparison)
+        print(compare(_load(parser, args.a), _load(parser, args.b)))
         return 0
 
-    _check_saved(parser, args.path)
-    run = load(args.path)
+    run = _load(parser, args.path)
     changes = threshold_changes(args)
     if changes:
-        run = run.reclassify(**changes)
+        try:
+            run = run.reclassify(**changes)
+        except (TypeError, ValueError) as err:
+            parser.error(str(err))
     if args.command == "report":
         out = args.output or args.path.with_suffix(".html")
         print(f"neuraldbg: report written to {run.to_html(out)}")

@@ -19,6 +19,15 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     squashed = trace.scalar("loss_squashed", lo, stop)[:, None]
     broadcast = trace.scalar("loss_broadcast", lo, stop)[:, None]
     loss = trace.scalar("loss", lo, stop)
+    chance = trace.scalar("loss_chance", lo, stop)  # ln(C) where read (sampled steps)
+
+    def floor() -> str:
+        """The floor of cross-entropy on probabilities for this run's classes."""
+        known = chance[~np.isnan(chance)]
+        if not len(known):
+            return "(1.46 for 10)"
+        c = float(np.exp(known[-1]))
+        return f"({fmt(float(np.log1p((c - 1) / np.e)))} for these {c:.0f})"
 
     def at(s: int) -> str:
         row = s - lo
@@ -42,7 +51,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                     f"Remove the {act} after the output layer: the loss takes raw logits")
         return (f"the loss applies log-softmax to a softmax's output from step {s}{at(s)}: "
                 f"cross-entropy takes logits, and given probabilities (each in [0, 1]) its "
-                f"loss cannot fall below log(1 + (C - 1) / e) for C classes (1.46 for 10) and "
+                f"loss cannot fall below log(1 + (C - 1) / e) for C classes {floor()} and "
                 f"its gradients shrink by the softmax's slope. Remove the softmax before the "
                 f"loss (CrossEntropyLoss applies its own), or use nll_loss(torch.log(p))")
 
@@ -68,7 +77,13 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
 
 
 CHANCE_MARGIN = 0.05
-"""A cross-entropy within this share below ln(C), or anywhere above it, is at chance."""
+"""A cross-entropy within this share below ln(C), or above it up to `CHANCE_ABOVE`, is at
+chance."""
+
+CHANCE_ABOVE = 3.0
+"""A cross-entropy above this many times ln(C) is not at chance: it diverged (a model
+that learns nothing from its inputs predicts the classes' frequencies, and a confident
+wrong guess costs a few ln C at most), which the loss's own events say."""
 
 
 def chance_history(th: Thresholds) -> int:
@@ -105,7 +120,8 @@ def _carried(values: np.ndarray) -> np.ndarray:
 
 def chance_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     """A mean cross-entropy over C classes (`loss_chance`, read on sampled steps: ln C)
-    whose mean over the last `window` steps stays at ln C or above (`CHANCE_MARGIN`) for
+    whose mean over the last `window` steps stays at ln C or a little above
+    (`CHANCE_MARGIN`, `CHANCE_ABOVE`) for
     `chance_steps` steps in a row: a warning; for twice
     as many, an error. A model that learns nothing from its inputs predicts the classes'
     frequencies, and its loss stays where a uniform guess starts. The sentence says
@@ -120,7 +136,7 @@ def chance_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fi
     smooth = _trailing_mean(loss, th.window)
     with np.errstate(invalid="ignore"):
         judged = np.isfinite(loss) & np.isfinite(level) & ~(squashed > 0)
-        at = judged & (smooth >= (1 - CHANCE_MARGIN) * level)
+        at = judged & (smooth >= (1 - CHANCE_MARGIN) * level) & (smooth <= CHANCE_ABOVE * level)
     off = judged & ~at
     k = th.chance_steps
     codes = grade(judged[:, None], (_held(at, off, k)[:, None], WARNING),

@@ -17,9 +17,9 @@ into the weights: it counts as the gradient (`_ranker`), and so does an update t
 explodes with its layer's gradient at the same step, at a learning rate that did not move. Weights that lost most of their
 size in one update (signal "collapse": zeroed or reset in place, which no optimizer's
 update does), and weights found changed outside the optimizer as the step's update began
-(signal "edited": where the layer's activations were not measured), changed before the
-step's forward: they count as that layer's own change, in forward order with the
-activations.
+(signal "edited"), changed before the step's forward: they count as that layer's own
+change, in forward order with the activations (at one layer, an event of its activations
+comes before the edit that made it, which `causes` names as its likely cause).
 
 What probably made the first failure happen there (a learning rate moved, weights
 changed outside the optimizer) is said by `causes.likely_causes`.
@@ -123,8 +123,8 @@ def first_failure(events: list[Event], th: Thresholds) -> Event | None:
     rank = _ranker(at, events, th.lookback)
     best = min(rank(e) for e in at)
     tied = [e for e in at if rank(e) == best]
-    if best < 4:
-        return min(tied, key=lambda e: (e.order, e.kind))
+    if best < 4:  # (at one layer, its activations' event before the edit that made it)
+        return min(tied, key=lambda e: (e.order, e.signal == "edited", e.kind))
     kinds = {e.kind for e in tied}
     scale = [e for e in tied if e.signal == "loss_scale"]
     if scale:  # a GradScaler that skipped every step: the non-finite gradients' story

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import typing
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -94,6 +95,8 @@ class Thresholds:
     as a likely cause (`detect.causes`)."""
 
     def __post_init__(self) -> None:
+        for f, kind in _KINDS.items():  # numbers of the field's kind: a count is whole
+            object.__setattr__(self, f, _as_kind(f, getattr(self, f), kind))
         for name in ("vanish", "explode", "jump", "jump_error", "loss_rise", "max_update",
                      "noise", "raw_input"):
             if not getattr(self, name) > 0:
@@ -132,6 +135,27 @@ class Thresholds:
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _as_kind(name: str, value: Any, kind: type) -> float:
+    """`value` as a number of `kind` (`float` or `int`): a whole float (20.0, as a slider or
+    a config file gives it) is a count; anything else that is not a number of that kind is
+    refused with what to give instead."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, numbers.Real)):
+        raise TypeError(f"Thresholds.{name} is a number ({kind.__name__}), got {value!r}")
+    if kind is int:
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if math.isfinite(value) and float(value).is_integer():
+            return int(float(value))
+        raise ValueError(f"Thresholds.{name} is a whole number (a count); "
+                         f"got {value!r}")
+    return float(value)
+
+
+_KINDS: dict[str, type] = {name: kind for name, kind in
+                           typing.get_type_hints(Thresholds).items() if kind in (int, float)}
+"""Each setting's kind of number."""
 
 
 def number(x: float) -> str:

@@ -178,8 +178,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                     f"outside the optimizer")
         if name in other_lr:
             return text
-        if 0 <= row < n and lr_at[row] == lr_at[row] and lr_prev[row] == lr_prev[row] \
-                and lr_at[row] != lr_prev[row]:
+        if 0 <= row < n and _lr_moved(lr_prev[row], lr_at[row]):
             text += f"; the learning rate went {fmt(lr_prev[row])} -> {fmt(lr_at[row])}"
         elif 0 <= row < n and lr_at[row] == lr_at[row]:
             text += f" (learning rate {fmt(lr_at[row])})"
@@ -206,15 +205,14 @@ def _edited(trace: Trace, lo: int, stop: int, th: Thresholds) -> Finding:
     activations were not measured for that layer (`activations=False`, a compiled
     forward): changed in place outside the optimizer, the layer's own change, ranked
     with the activations (`rootcause`), and said at its own step, before the update that
-    would carry it (the run may stop there: `stop_on`). Where the layer's activations
-    were measured, their jump tells it, and the update's rule says the edit a step
-    later, as it does for any update."""
+    would carry it (the run may stop there: `stop_on`). Also where the layer's
+    activations were measured: an edit that moves them little (a bias set to -20: its
+    outputs move 3x) can kill the ReLU after it, and where they jumped, their own event
+    comes first at the layer (`rootcause`) with the edit as its likely cause."""
     moved = trace.col("w_edited", lo, stop).astype(np.float64)
-    seen = ~np.isnan(trace.col("act_absmax", lo, stop))
     observed = ~np.isnan(moved)
     observed[:, few(trace, "params")] = False
     codes = grade(observed, (moved >= th.max_update, ERROR))
-    codes[(codes == ERROR) & seen] = OK
 
     def message(name: str, s: int, v: float, p: float, sev: str) -> str:
         size = f"by {v:.3g}x their size" if np.isfinite(v) else "to non-finite values"
@@ -551,6 +549,20 @@ def lr_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Findin
                     message=lambda n, s, v, p, sev: f"learning rate changed {fmt(p)} -> "
                                                     f"{fmt(v)} at step {s}"),
             _stepped_per_batch(lr, prev, trace.scalar("in_epoch_start", lo, stop), lo, th)]
+
+
+QUOTED_LR_MOVE = 2.0
+"""A learning rate that moved by this factor or more (either way) at an update is quoted
+beside it ("the learning rate went 0.001 -> 0.05"); a schedule's step-to-step drift
+(0.0933 -> 0.0913) is not, where it would read as the update's cause."""
+
+
+def _lr_moved(before: float, now: float) -> bool:
+    if not (math.isfinite(before) and math.isfinite(now)) or before == now:
+        return False  # (not recorded)
+    if before <= 0 or now <= 0:  # to or from 0
+        return True
+    return max(now / before, before / now) >= QUOTED_LR_MOVE
 
 
 PER_BATCH_HISTORY = 4

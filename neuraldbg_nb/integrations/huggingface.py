@@ -16,6 +16,7 @@ its own replica.
 
 from __future__ import annotations
 
+import functools
 import gc
 from typing import Any
 
@@ -42,11 +43,15 @@ class NeuralDbgCallback(TrainerCallback):
         """The Run of the latest `train()` (None before one starts)."""
         return self._fw.run
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _close_on_error(self, state)
+
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        **kwargs: Any) -> None:
         if model is None:
             raise ValueError("NeuralDbgCallback: the Trainer passed no model to watch")
         _log_before_reporters(self, state)
+        _close_on_error(self, state)  # (a callback added after the Trainer was made)
         run = self._fw.start(model)
         if state.is_world_process_zero:
             show_panel(run)
@@ -74,14 +79,59 @@ class NeuralDbgCallback(TrainerCallback):
         self._fw.stop(None)
         self._fw.save_into(args.output_dir)
 
+    def _raised(self, exc: BaseException, output_dir: str | None) -> None:
+        """`train()` raised (`_close_on_error`): the watch ends with the exception (its
+        hooks removed, the run's status "raised" or "interrupted") and the run is saved."""
+        if self._fw.active:
+            self._fw.stop(exc)
+            self._fw.save_into(output_dir)
+
+
+def _trainer_dict(state: Any) -> dict[str, Any] | None:
+    """The `__dict__` of the Trainer that holds `state` (a callback is not told its
+    Trainer), or None."""
+    for holder in gc.get_referrers(state):
+        if isinstance(holder, dict) and holder.get("state") is state \
+                and "callback_handler" in holder:
+            return holder
+    return None
+
+
+def _close_on_error(callback: NeuralDbgCallback, state: Any) -> None:
+    """Make the Trainer's `train()` end the watch where it raises: transformers tells a
+    callback of no exception (`on_train_end` comes only after a training that ended), and
+    the model's hooks would stay, recording its later calls into the run. Its `train` is
+    wrapped on the instance, once: from the Trainer's next `train()` where the callback
+    was added after the Trainer was made."""
+    holder = _trainer_dict(state)
+    if holder is None or getattr(holder.get("train"), "_neuraldbg", None) is callback:
+        return
+    trainer = next((o for o in gc.get_referrers(holder)
+                    if getattr(o, "__dict__", None) is holder), None)
+    if trainer is None:
+        return
+    original = type(trainer).train.__get__(trainer)
+
+    @functools.wraps(original)
+    def train(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except BaseException as exc:
+            callback._raised(exc, getattr(trainer.args, "output_dir", None))
+            raise
+
+    train._neuraldbg = callback  # type: ignore[attr-defined]
+    holder["train"] = train
+
 
 def _log_before_reporters(callback: NeuralDbgCallback, state: Any) -> None:
     """Move `callback` ahead of the reporting callbacks in its Trainer's list, so that the
     numbers its `on_log` adds reach every `report_to` backend: the Trainer calls its
     callbacks in order with one `logs` dict, and puts the ones a user gives after its own
     reporters. A callback is not told its Trainer: it is found as the holder of `state`.
-    Where it is not found, the events still reach the Trainer's log history and the
-    loggers that come after this callback."""
+    Where it is not found, the events reach the loggers that come after this callback
+    only (the Trainer writes `state.log_history` before any callback's `on_log`, so the
+    events are never in it)."""
     for holder in gc.get_referrers(state):
         handler = holder.get("callback_handler") if isinstance(holder, dict) else None
         callbacks = getattr(handler, "callbacks", None)

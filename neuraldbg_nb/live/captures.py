@@ -50,17 +50,22 @@ class CaptureStore(Captures):
         per_tensor = max(self.budget // 4, 1)
         if reason == REFERENCE:
             per_tensor = min(per_tensor, REFERENCE_BYTES)
-        views: dict[str, torch.Tensor] = {}
         sources: dict[str, object] = {}  # name -> the memory it came from (`_source`)
+        sizes: dict[object, int] = {}
+        for name, t in tensors.items():
+            if t is not None:
+                sources[name] = _source(t)
+                sizes[sources[name]] = t.numel() * t.element_size()
+        caps = _shares(sizes, per_tensor, self.budget // 2)
+        views: dict[str, torch.Tensor] = {}
         sampled = set()
         for name, t in tensors.items():
             if t is None:
                 continue
-            sources[name] = _source(t)
             t = t.detach()
-            size = t.numel() * t.element_size()
-            if size > per_tensor:
-                stride = math.ceil(size / per_tensor)
+            size, room = t.numel() * t.element_size(), caps[sources[name]]
+            if size > room:
+                stride = math.ceil(size / room)
                 if t.layout != torch.strided:
                     flat = stored_values(t)
                 else:  # memory order: no copy of a channels-last tensor to sample it
@@ -76,11 +81,11 @@ class CaptureStore(Captures):
             return None
         copies: dict[object, torch.Tensor] = {}
         for i, t in unique.items():  # (a source lives while the step's captures are taken)
-            copy = None if shared is None else shared.get((i, per_tensor))
+            copy = None if shared is None else shared.get((i, caps[i]))
             if copy is None:
                 copy = _host_copy(t)
                 if shared is not None:
-                    shared[(i, per_tensor)] = copy
+                    shared[(i, caps[i])] = copy
             copies[i] = copy
         cap = Capture(step, layer, reason, {name: copies[sources[name]] for name in views},
                       frozenset(sampled))
@@ -98,10 +103,10 @@ class CaptureStore(Captures):
             return False  # references only fill free room; they never push anything out
         refs, events = self._order[REFERENCE], self._order[EVENT]
         while self.nbytes + need > self.budget and (refs or len(events) > 1):
-            # references oldest first; then the latest step's events in the order they
-            # came; the earliest step's last event stays
-            self._evict(refs.pop(0) if refs else
-                        events.pop(bisect.bisect_left(events, events[-1][0], key=_STEP)))
+            # references oldest first; then events last in, first out (by step, and in
+            # the order they came within one): the first failure's capture, the first
+            # of the earliest step, stays
+            self._evict(refs.pop(0) if refs else events.pop())
         if self._freed >= TRIM_AFTER:
             self._freed = 0
             _release_freed_memory()
@@ -111,6 +116,20 @@ class CaptureStore(Captures):
         cap = self._items.pop(key)
         self.nbytes -= cap.nbytes
         self._freed += cap.nbytes
+
+
+def _shares(sizes: dict[object, int], per_tensor: int, total: int) -> dict[object, int]:
+    """The bytes each tensor of one capture may keep (a larger one is kept as a strided
+    sample): at most `per_tensor` each and `total` together, so that a capture of many
+    large tensors (a layer's input, output, weights and their gradients) is sampled
+    further instead of dropped, and leaves room for others. The room is shared out
+    smallest first: a bias kept whole leaves the rest to the large tensors."""
+    caps: dict[object, int] = {}
+    left = max(total, len(sizes))
+    for k, (key, size) in enumerate(sorted(sizes.items(), key=lambda kv: kv[1])):
+        caps[key] = max(min(size, per_tensor, left // (len(sizes) - k)), 1)
+        left -= min(caps[key], size)
+    return caps
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

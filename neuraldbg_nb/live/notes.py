@@ -89,7 +89,9 @@ def unseen(trace: Trace, activations: bool) -> str | None:
     return (f"the forward of {len(names)} trained layer{'s' * (len(names) != 1)} ({listed}) "
             f"never ran through PyTorch's hooks, so their activations are not watched; "
             f"their gradients and weights are. Layers called as layer.forward(x) skip the "
-            f"hooks: call them as layer(x).")
+            f"hooks: call them as layer(x). Weights that another module's forward reads "
+            f"(a ParameterList, an embedding tied to an output layer) are that module's "
+            f"to run, and its activations are watched.")
 
 
 def replay_refused(why: str) -> str:

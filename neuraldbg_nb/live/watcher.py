@@ -103,6 +103,9 @@ class Runs:
         number, LookupError where its run was freed."""
         ref = self._refs.get(i if i >= 0 else len(self._refs) + i)
         if ref is None:
+            if not len(self):
+                raise IndexError(f"no run {i}: no watch has started in this process yet "
+                                 "(a saved run comes back with neuraldbg_nb.load(path))")
             raise IndexError(f"no run {i}: runs are numbered 0..{len(self) - 1} in the "
                              "order their watch started")
         run = ref()
@@ -270,11 +273,14 @@ class Watch:
         else:
             run.status = "raised"
             run.exception = exc
-        self._scan()  # every recorded step judged; the schedule counts from here on re-entry
         run.recorder = Ended(probe.replays, probe.replay_refused)
-        run.notify([])
-        if self.report or (self.report is None and not _in_notebook()):
-            print(run, file=sys.stderr)
+        try:  # (the engine's error is the run's note, never the user's program's end)
+            self._scan()  # every recorded step judged; the schedule counts from here on
+            run.notify([])  # re-entry
+            if self.report or (self.report is None and not _in_notebook()):
+                print(run, file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - see `_on_error`
+            self._on_error(e, "the end of the block")
 
     def _on_step(self, record: StepRecord) -> None:
         run = self.run

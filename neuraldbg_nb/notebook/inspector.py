@@ -158,7 +158,7 @@ def _histograms(now: Capture, before: Capture | None) -> list[str]:
         for cap, label in ((now, f"step {now.step}"), (before, "last healthy")):
             if cap is None or name not in cap.tensors:
                 continue
-            x = cap.tensors[name].float().reshape(-1).numpy()
+            x = cap.tensors[name].double().reshape(-1).numpy()  # (float32 bins overflow)
             finite = x[np.isfinite(x)]
             bad = len(x) - len(finite)
             if len(finite) == 0:

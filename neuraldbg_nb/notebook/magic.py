@@ -23,6 +23,7 @@ from IPython.display import display
 from ..live.options import Argument, threshold_arguments, watch_arguments, watch_keywords
 from ..live.watcher import watch
 from ..report.run import Run, TrainingFailure
+from . import kernel_idle
 from .static import show_diagnosis
 
 
@@ -42,6 +43,9 @@ class NeuralDbgMagics(Magics):
     @argument("--no-panel", action="store_true", help="print the text summary instead")
     @argument("-o", "--output", default=None, metavar="NAME",
               help="also bind the Run to NAME in the notebook's namespace")
+    @argument("--save", default=None, metavar="PATH",
+              help="also save the run to PATH (.npz) when the cell ends: after a kernel "
+                   "restart, neuraldbg_nb.show(PATH) opens its panel again")
     @argument("-h", "--help", action="store_true", help="show this help and do nothing")
     @_arguments(threshold_arguments())
     @cell_magic
@@ -54,7 +58,10 @@ class NeuralDbgMagics(Magics):
         if args.help:
             print(self.neuraldbg.parser.format_help())
             return
-        w = watch(None, report=False, **watch_keywords(args))
+        try:
+            w = watch(None, report=False, **watch_keywords(args))
+        except (TypeError, ValueError) as e:  # an option's value out of its range
+            raise UsageError(f"%%neuraldbg: {e}") from None
         w.warn_notes = False  # printed below, once
         run = w.run
         shell = self.shell
@@ -80,6 +87,17 @@ class NeuralDbgMagics(Magics):
                     print(f"neuraldbg: no saved diagnosis ({err})", file=sys.stderr)
                 if run.notes:
                     print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
+            if args.save:
+                _save(run, args.save)
+
+
+def _save(run: Run, path: str) -> None:
+    """`--save`: the run on disk, said where; a failure to write it is said, never raised
+    over the cell's own result or exception."""
+    try:
+        print(f"neuraldbg: run saved to {run.save(path)}", file=sys.stderr)
+    except OSError as err:
+        print(f"neuraldbg: the run was not saved ({err})", file=sys.stderr)
 
 
 def _compile(source: str, number: int) -> Any:
@@ -124,6 +142,7 @@ def _give_empty_cells_a_body(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(NeuralDbgMagics)
+    kernel_idle.follow(ipython)
     cleanup = getattr(ipython, "input_transformers_cleanup", None)
     if cleanup is not None and _give_empty_cells_a_body not in cleanup:
         cleanup.append(_give_empty_cells_a_body)

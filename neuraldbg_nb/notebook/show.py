@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..report.run import Run, load
 from .static import show_diagnosis
 
 
 def _load(run: Run | str | Path) -> Run:
-    if isinstance(run, Run):
-        return run
-    path = Path(run)
-    if not path.exists() and not path.with_suffix(".npz").exists():
-        raise FileNotFoundError(f"no saved run at {path}: save one with run.save(path) "
-                                f"or `neuraldbg run --save RUN.npz script.py`")
-    return load(path)
+    return run if isinstance(run, Run) else load(run)
 
 
-def show(run: Run | str | Path, baseline: Run | str | Path | None = None) -> Any:
+def show(run: Run | str | Path, baseline: Run | str | Path | None = None) -> None:
     """Display the panel of `run` (a Run, or the path of a saved one: `Run.save`): its map,
     first failure and feed, clicks that open the inspector and sliders that re-classify it.
     A loaded run has no captured tensors: the inspector gives its recorded numbers and
     charts. With `baseline` (a run of the same recipe, or its path), the panel says where
     `run` parts from it and marks that step and layer on the map (`neuraldbg_nb.compare`).
     The diagnosis follows it as text, for readers without the kernel (`notebook.static`).
-    Returns the panel."""
+    Returns nothing: the panel is shown once, also where the call is a cell's last line."""
     run = _load(run)
     base = None if baseline is None else _load(baseline)
     from IPython.display import display
@@ -40,4 +33,3 @@ def show(run: Run | str | Path, baseline: Run | str | Path | None = None) -> Any
     display(panel)
     compared = panel.baseline["sentence"] if panel.baseline else None
     show_diagnosis(run, compared)  # for readers without the kernel (`notebook.static`)
-    return panel

@@ -151,7 +151,10 @@ class Boundary:
         t_enter = clock()
         sc, trace = self._sc, self._trace
         params = self._models.params()
-        with_grad = _with_grad(params)
+        # a step closed by hand in which no backward ran (a block that only evaluates):
+        # whatever `.grad` holds is from before, not this step's
+        stale = opt is None and not self._backwards.any_heard
+        with_grad = [] if stale else _with_grad(params)
         step = trace.n_steps
         replaced = False
         membership = self._steps.membership
@@ -165,7 +168,7 @@ class Boundary:
             self._rescans.found(step, replaced)
             if replaced:
                 params = self._models.params()
-                with_grad = _with_grad(params)
+                with_grad = [] if stale else _with_grad(params)
             self._rescans.graded = len(with_grad)
         g_pos = reductions.grouped_norms([g for g, _ in with_grad], sc, self._norm_plan)
         missing = missing_gradients(opt, self._backwards.any_heard, bool(with_grad), params)

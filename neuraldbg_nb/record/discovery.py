@@ -42,6 +42,8 @@ class Candidate:
     relu: bool  # exactly nn.ReLU: its max is the max of its input, floored at 0
     composite: bool = False  # code of its own around its children (`layers.composite`)
     root: bool = False  # the model itself (as it is called, inside its wrappers)
+    weightless: bool = False  # no weights of its own: measured at its first call of a
+    # forward only (`Forward.post`)
     index: int = -1  # the trace's layer index, given at the first call (forward order)
     fewest: int = sys.maxsize  # the fewest elements a call output (`LayerInfo.outputs`)
 
@@ -101,7 +103,7 @@ class Models:
         """A layer first seen, registered under `name` (`root`: the model itself)."""
         c = self.candidates[id(m)] = Candidate(name, m, role_of(m), bounds_of(m),
                                                is_nonnegative(m), type(m) is nn.ReLU,
-                                               composite(m), root)
+                                               composite(m), root, weightless=not own_params(m))
         return c
 
     def discover(self, module: nn.Module) -> list[Candidate]:

@@ -114,6 +114,7 @@ class Forward:
         self._rich_rows: list[tuple[int, int, tuple[Any, ...], int]] = []  # idx, numel, group, row
         self._batch_rows.clear()
         self.held: Held = {}
+        self._measured: set[int] = set()  # weightless layers measured in this forward
 
     @property
     def pending(self) -> bool:
@@ -145,6 +146,7 @@ class Forward:
         call that trains, whose input batch is recorded."""
         top = self._root_depth == 0
         if top:
+            self._measured.clear()  # (a forward of its own: a micro-batch's, a second input's)
             transformed = _transformed()
             self._eval_call = transformed or not _grad_enabled()
             if transformed:  # (`_transformed`)
@@ -173,6 +175,7 @@ class Forward:
         training call's."""
         self._root_depth = 1 if on else 0
         self._eval_call = False
+        self._measured.clear()
 
     def end_calls(self) -> None:
         """The block ends: no call is in progress any more (a forward that raised half
@@ -216,6 +219,10 @@ class Forward:
             return  # a loss first (a transformers model given labels), or a model that so
             # far returns its last layer's output: no layer (`layers.composite`)
         idx = c.index if c.index >= 0 else self._layer(id(module))
+        if c.weightless:  # a module without weights that a forward calls again (one
+            if idx in self._measured:  # ReLU after each of a block's convolutions) is
+                return  # measured at its first call, its place in forward order: its
+            self._measured.add(idx)  # later calls pass on what the layers before made
         if numel < c.fewest:
             c.fewest = numel
             self.trace.update_layer(idx, outputs=numel)

@@ -86,7 +86,8 @@ class Membership:
         if not self._opts:
             return None
         self._refresh(models, n)
-        hits = [(p, i) for p, i in self._unheld if p.grad is not None]
+        # (a frozen weight's `.grad` is what it got before it was frozen)
+        hits = [(p, i) for p, i in self._unheld if p.grad is not None and p.requires_grad]
         # looked for where a weight no known optimizer holds has a gradient, or is
         # trainable (asked once: a generator whose optimizer has yet to step is held)
         if not self._looked and (hits or not self._asked and any(
@@ -97,7 +98,7 @@ class Membership:
                 if issubclass(type(o), optimizer):
                     self._opts.add(o)
             self._refresh(models, n)
-            hits = [(p, i) for p, i in self._unheld if p.grad is not None]
+            hits = [(p, i) for p, i in self._unheld if p.grad is not None and p.requires_grad]
         self._asked = True
         if not hits:
             return self._base

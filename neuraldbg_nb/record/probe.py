@@ -77,7 +77,7 @@ class Probe:
         self._sampled_hooks = layer_hooks == "sampled" and activations
         self._own: set[int] = set()  # the ids of this probe's hooks on modules
         self._compiled: set[int] = set()  # ids of the modules of roots compiled in place
-        self._replay = Replay(self._own) if self._sampled_hooks else None
+        self._replay = Replay(self._own, self._layer_name) if self._sampled_hooks else None
         self._quiet: Any = None  # the compile-warning filter while the global hook is in
         self._unsubscribe: Callable[[], None] | None = None
         sc = reductions.Scalars()
@@ -89,7 +89,7 @@ class Probe:
         self._backwards = Backwards(models, sc)
         self._timer = StepTimer(cost, Sampler(sample_every, overhead), self._forward)
         self._weights = WeightProbe(models.owners, models.layer)
-        self._steps = StepOwner(models)
+        self._steps = StepOwner(models, self._rescan)
         self._boundary = Boundary(trace, models, self._forward, self._inputs,
                                   self._backwards, self._weights, self._steps, sc,
                                   self._timer, on_step, replay=self._replay,
@@ -126,6 +126,18 @@ class Probe:
             compiled = self._compiled
             self._layer_hooks.on([c for c in layers if id(c.module) not in compiled]
                                  if compiled else layers)
+
+    def _layer_name(self, module: nn.Module) -> str | None:
+        """`module`'s name as a layer of the watched models (None: it is no layer)."""
+        c = self._models.candidates.get(id(module))
+        return c.name if c is not None else None
+
+    def _rescan(self) -> None:
+        """The models walked for layers the loop put in since (`Models.rescan`), the new
+        ones hooked."""
+        new = self._models.rescan()
+        if new:
+            self._hook_layers(new)
 
     def _set_hooks(self, on: bool) -> None:
         """The layer hooks on for the next forward, or off (`layer_hooks="sampled"`: at

@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.modules import module as nn_module
 
 from .discovery import unwrapped
-from .layers import first_tensor
+from .layers import first_tensor, tensors_in
 from .reductions import dense
 from .replay_state import Saved, rng_state, set_rng_state
 
@@ -103,6 +103,12 @@ class Call:
     replayed."""
     out_version: int = 0
     """`out`'s in-place version when the call returned."""
+    spare: tuple[int, torch.Tensor, int] | None = None
+    """Beside a small `out`, the output's next floating-point tensor (a language model's
+    logits beside its loss): its place among the output's tensors (`tensors_in`), the
+    tensor (detached, held until the step ends) and its version then; what a replay
+    compares where `out` was changed in place since (the Trainer scales the loss it is
+    given in place)."""
 
     @property
     def module(self) -> nn.Module:
@@ -177,10 +183,14 @@ def same_output(was: Seen, now: Seen | None) -> bool:
 class Replay:
     """The step's training calls, and their replay at an anomalous step."""
 
-    def __init__(self, own: set[int] | None = None) -> None:
+    def __init__(self, own: set[int] | None = None,
+                 names: Callable[[nn.Module], str | None] | None = None) -> None:
         """`own`: the ids of the watch's own hooks on modules (the layer and root hooks),
-        kept up to date by the probe; any other forward hook is the model's own."""
+        kept up to date by the probe; any other forward hook is the model's own. `names`:
+        a module's name as the watch names its layers (None where it is no layer), for
+        the reasons it gives."""
         self._own = own if own is not None else set()
+        self._names = names
         self.calls: list[Call] = []
         self.active = False
         """A replay is running: the root hooks record nothing (its input is the step's)."""
@@ -212,6 +222,12 @@ class Replay:
         if t._base is None and t.numel() <= CHECKED:  # (a view would hold its base)
             call.out = t.detach()
             call.out_version = t._version
+            if type(output) is not torch.Tensor:
+                ts = tensors_in(output)
+                at = next((i for i, u in enumerate(ts) if u is t), len(ts))
+                k = next((i for i in range(at + 1, len(ts)) if ts[i].is_floating_point()), -1)
+                if k >= 0:
+                    call.spare = (k, ts[k].detach(), ts[k]._version)
         else:
             call.seen = output_seen(checked(t))
 
@@ -244,7 +260,8 @@ class Replay:
             for hooks in (m._forward_hooks, m._forward_pre_hooks):
                 if any(k not in self._own and type(h).__name__ not in _PURE_HOOKS
                        for k, h in hooks.items()):
-                    return name or "the model"
+                    known = self._names(m) if self._names is not None else None
+                    return known or name or "the model"
         return None
 
     def run(self, arm: Callable[[], None], disarm: Callable[[], None]) -> bool:
@@ -271,6 +288,13 @@ class Replay:
                         out = c.module(*c.args, **c.kwargs)
                     if was is not None:
                         pairs.append((was, output_seen(checked(out))))
+                    elif c.spare is not None and c.spare[1]._version == c.spare[2]:
+                        k, spare, _ = c.spare
+                        again = tensors_in(out)
+                        seen = output_seen(checked(spare))
+                        if seen is not None:
+                            pairs.append((seen, output_seen(checked(again[k]))
+                                          if k < len(again) else None))
         except Exception as exc:  # noqa: BLE001 (a forward that cannot run twice: not the training's error)
             if self.refused is None:
                 self.refused = f"its forward raised {type(exc).__name__} when run again"

@@ -12,6 +12,7 @@ the model's input (`trains_the_input`).
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -26,8 +27,14 @@ class StepOwner:
     watch was not given its models, any optimizer may be the first to train a model the
     watch has yet to find."""
 
-    def __init__(self, models: Models) -> None:
+    def __init__(self, models: Models, rescan: Callable[[], None] | None = None) -> None:
+        """`rescan`: walks the models for layers and weights the loop replaced inside the
+        watch and hooks the new ones (`Models.rescan`), asked once for each optimizer
+        that holds none of the watched weights: one made for a layer the loop just put
+        in (a new head, and an optimizer over it alone) trains watched weights."""
         self._owners = models.owners
+        self._rescan = rescan
+        self._rescanned: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._models = models
         self._index = models.index
         self._trace = models.trace
@@ -113,6 +120,15 @@ class StepOwner:
     def _owns(self, opt: torch.optim.Optimizer) -> bool:
         if not self._owners:
             return not self._given
+        if self._holds_watched(opt):
+            return True
+        if self._rescan is None or opt in self._rescanned:
+            return False
+        self._rescanned.add(opt)  # (an optimizer of another model: one walk, not one a step)
+        self._rescan()
+        return self._holds_watched(opt)
+
+    def _holds_watched(self, opt: torch.optim.Optimizer) -> bool:
         mine = {id(p) for _, p, _ in self._owners}
         return any(id(p) in mine for g in opt.param_groups for p in g["params"])
 

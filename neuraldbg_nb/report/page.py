@@ -121,7 +121,8 @@ def _feed(run: Run) -> str:
 def _tensor_rows(cap: Capture) -> str:
     rows = []
     for name, tensor in cap.tensors.items():
-        x = tensor.detach().float().reshape(-1).numpy()
+        # in float64: a float32 std squares values past 1.8e19 into inf
+        x = tensor.detach().double().reshape(-1).numpy()
         finite = x[np.isfinite(x)]
         bad = len(x) - len(finite)
         stats = ((finite.mean(), finite.std(), finite.min(), finite.max()) if len(finite)

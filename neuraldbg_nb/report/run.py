@@ -223,10 +223,10 @@ class Run:
                 f"saved with a run (the trace and the events are): inspect the live run, "
                 f"e.g. neuraldbg_nb.last_run() in the session that trained it")
         if found is None:
-            budget = self.captures.budget // 2**20
+            budget = self.captures.budget / 2**20
             raise LookupError(
                 f"nothing was captured for {layer or 'the batch'} in this run (capture "
-                f"budget {budget} MB, {self.captures.dropped} captures dropped); raise it "
+                f"budget {budget:.3g} MB, {self.captures.dropped} captures dropped); raise it "
                 f"with watch(..., capture_mb=N) or %%neuraldbg --capture-mb N")
         self.selected = found
         return found
@@ -316,17 +316,14 @@ class Run:
         re-classify freely. The events are saved because the trace alone cannot give them
         back where a long run's older steps were compacted (`trace.full_from > 0`): those
         were found on exact numbers that are no longer kept."""
-        path = Path(path)
-        if path.suffix != ".npz":
-            path = path.with_suffix(".npz")
+        path, meta_path = saved_files(path)
         self.trace.save(path)
         cost = self.overhead
         meta = {"thresholds": self.thresholds.as_dict(), "status": self.status,
                 "notes": self.notes, "unstepped": self.unstepped, "rank": self.rank,
                 "events": [e.to_dict() for e in self.events],
                 "overhead": asdict(cost) if cost is not None else None}
-        path.with_suffix(".json").write_text(json.dumps(_strict(meta), indent=1,
-                                                        allow_nan=False))
+        meta_path.write_text(json.dumps(_strict(meta), indent=1, allow_nan=False))
         return path
 
     def to_html(self, path: str | Path) -> Path:
@@ -346,14 +343,41 @@ class Run:
                 f"{len(self.events)} events, status={self.status!r}>")
 
 
+SAVE_HINT = "save one with run.save(path), or `neuraldbg run --save RUN.npz script.py`"
+
+
+def saved_files(path: str | Path) -> tuple[Path, Path]:
+    """The two files of the run saved as `path` (`Run.save`): the trace, `path` where it
+    ends in .npz and else `path` with .npz added (a name's own dots are kept:
+    `run_lr0.01` and `run_lr0.001` are two runs), and the .json beside it. The .json's
+    own path names the same run."""
+    path = Path(path)
+    if path.suffix == ".json":
+        path = path.with_suffix("")
+    npz = path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+    return npz, npz.with_suffix(".json")
+
+
+def saved_exists(path: str | Path) -> bool:
+    """A saved run's trace is at `path` (`saved_files`)."""
+    return saved_files(path)[0].is_file()
+
+
 def load(path: str | Path) -> Run:
     """A run saved with `Run.save`, ready to re-classify or show: its events as they were
     found while it trained. A file saved without its events is judged again from its
-    exact steps, here."""
-    path = Path(path)
-    trace = Trace.load(path.with_suffix(".npz"))
-    meta_path = path.with_suffix(".json")
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    exact steps, here. A path with no saved run raises FileNotFoundError, a file that is
+    not one (another tool's, cut short) ValueError, each saying which file and why."""
+    npz, meta_path = saved_files(path)
+    if not npz.is_file():
+        where = f"{npz} is a directory" if npz.is_dir() else f"no saved run at {npz}"
+        raise FileNotFoundError(f"{where}: {SAVE_HINT}")
+    try:
+        trace = Trace.load(npz)
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    except Exception as e:
+        raise ValueError(f"{npz} is not a run saved by neuraldbg_nb, or was cut short "
+                         f"({type(e).__name__}: {e}); {SAVE_HINT}") from e
     th = Thresholds(**_numbers(meta.get("thresholds", {}), Thresholds().as_dict()))
     saved = meta.get("events")
     if saved is None:
@@ -370,7 +394,7 @@ def load(path: str | Path) -> Run:
     run.rank = (int(rank[0]), int(rank[1])) if rank else None
     if meta.get("overhead"):
         run._saved_cost = Overhead(**meta["overhead"])  # finite numbers only
-    run.loaded_from = path.with_suffix(".npz")
+    run.loaded_from = npz
     return run
 
 

@@ -137,6 +137,7 @@ def diagnosis_html(run: Run, with_map: bool = True, panel_note: bool = True) -> 
         out.append("<div style='margin-top:4px;font-size:11px;color:#777'>A static copy of "
                    "the neuraldbg panel: it needs no kernel. The live panel (clicks, sliders) "
                    "shows where its kernel runs; <code>neuraldbg_nb.show(path)</code> opens "
-                   "a saved run in one.</div>")
+                   "a saved run in one (<code>%%neuraldbg --save path</code> saves the "
+                   "cell's).</div>")
     out.append("</div>")
     return "".join(out)

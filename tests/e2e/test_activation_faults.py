@@ -248,3 +248,49 @@ def test_units_dying_after_a_learning_rate_raised_tenfold_are_dated_when_they_be
     assert any(e.kind == "dead_units" and e.severity == "error" and e.step > 200
                for e in run.events)
     assert "the learning rate went 0.05 -> 0.5 at step 100" in str(run)  # named beside it
+
+
+class _Block(torch.nn.Module):
+    """A residual block that calls one ReLU module after each of its convolutions (as
+    torchvision's BasicBlock does), and one pooling module twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(4, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.relu = torch.nn.ReLU()
+        self.pool = torch.nn.MaxPool2d(2)
+        self.fc = torch.nn.Linear(8 * 2 * 2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pool(self.relu(self.conv1(x)))
+        h = self.pool(self.relu(self.conv2(h) + h))
+        return self.fc(h.flatten(1))
+
+
+@pytest.mark.parametrize("fault", ["NaN weight", "weights x1000"])
+@pytest.mark.parametrize("at", [S, S + 3])
+def test_a_fault_between_two_calls_of_one_module_is_the_layer_that_made_it(fault, at):
+    """A weightless module a forward calls twice is measured at its first call, where it
+    sits in forward order: what goes wrong in the layer between its two calls is that
+    layer's, not the reused module's (whose first call came before it)."""
+    torch.manual_seed(0)
+    model = _Block()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, 8, 8, generator=gen)
+    y = torch.randint(0, 3, (8,), generator=gen)
+    with ndbg.watch(model, report=False) as run:
+        for step in range(STEPS):
+            if step == at:
+                with torch.no_grad():
+                    if fault == "NaN weight":
+                        model.conv2.weight[0, 0, 0, 0] = math.nan
+                    else:
+                        model.conv2.weight.mul_(1000)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    first = run.first_failure
+    assert first is not None and (first.layer, first.step) == ("conv2", at), \
+        [str(e) for e in run.events[:6]]

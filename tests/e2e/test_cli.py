@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import neuraldbg_nb as ndbg
@@ -90,9 +91,19 @@ def test_run_in_process_gives_the_script_its_argv_and_the_caller_back_its_own(
 @pytest.mark.parametrize("argv, message", [
     (["show", "nowhere.npz"], "no saved run at nowhere.npz"),
     (["run", "missing.py"], "no such script: missing.py"),
+    (["show", "cut.npz"], "cut.npz is not a run saved by neuraldbg_nb, or was cut short"),
+    (["show", "other.npz"], "other.npz is not a run saved by neuraldbg_nb"),
+    (["compare", "other.npz", "nowhere"], "other.npz is not a run saved by neuraldbg_nb"),
+    (["run", "--capture-mb", "-3", "train.py"], "capture_mb must be >= 0"),
 ])
 def test_bad_paths_get_a_clear_error(argv, message, capsys, tmp_path, monkeypatch):
+    """Also files that are not saved runs (one cut short, another tool's arrays) and an
+    option's value out of its range: a usage error that says which and why, no
+    traceback."""
     monkeypatch.chdir(tmp_path)
+    Path("cut.npz").write_bytes(b"PK\x03\x04 cut short")
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    Path("train.py").write_text("print('never run')\n")
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 2

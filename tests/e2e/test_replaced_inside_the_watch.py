@@ -114,3 +114,41 @@ def test_a_layer_replaced_then_an_optimizer_built_anew_is_healthy(tmp_path) -> N
     saved = ndbg.load(run.save(tmp_path / "run.npz"))
     assert saved.trace.layers[i].since == AT
     assert [str(e) for e in saved.events] == [str(e) for e in run.events]
+
+
+def _fine_tune(edit_at: int | None, steps: int = 2 * STEPS):
+    """Transfer learning in one block: the body frozen at `AT`, a new head put in, and an
+    optimizer over the head alone (the old one let go); with `edit_at`, the new head's
+    weights multiplied by 1e4 there."""
+    model = relu_mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = task_batches()
+    with ndbg.watch(model, report=False) as run:
+        for step in range(steps):
+            if step == AT:
+                model[:4].requires_grad_(False)  # (their `.grad` stays from the step before)
+                torch.manual_seed(1)
+                model[4] = nn.Linear(16, 2)
+                opt = torch.optim.SGD(model[4].parameters(), lr=0.05, momentum=0.9)
+            if step == edit_at:
+                with torch.no_grad():
+                    model[4].weight.mul_(1e4)
+            opt.zero_grad()
+            F.cross_entropy(model(x[step]), y[step]).backward()
+            opt.step()
+    return run
+
+
+def test_a_new_head_trained_alone_on_a_frozen_body_is_followed_to_the_end() -> None:
+    """The new optimizer holds none of the weights the watch knew: its first step walks
+    the models, finds the new head and marks the steps from there; the frozen body's
+    old gradients are no weights left out of the optimizer."""
+    run = _fine_tune(None)
+    assert run.trace.n_steps == 2 * STEPS, "the steps after the new optimizer's first"
+    assert_no_errors(run)
+    assert not [e for e in run.events if e.kind in ("not_in_optimizer", "no_gradients")], \
+        [str(e) for e in run.events]
+    broken = _fine_tune(AT + 15)
+    first = broken.first_failure
+    assert first is not None and (first.layer, first.step) == ("4", AT + 15), \
+        [str(e) for e in broken.events]

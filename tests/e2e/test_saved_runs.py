@@ -139,3 +139,31 @@ def test_a_file_saved_before_the_eval_mode_column_still_loads(tmp_path):
     assert np.isnan(loaded.trace.history("eval_layers")[1]).all()
     assert loaded.trace.n_steps == run.trace.n_steps
     assert not [e for e in loaded.reclassify().events if e.kind == "eval_mode"]
+
+
+def test_runs_named_with_dots_are_two_runs_and_bad_files_say_what_they_are(tmp_path):
+    """`run_lr0.01` and `run_lr0.001` are two files (a name's own dots are kept, .npz is
+    added); a path that holds no saved run, or a file that is not one, gets an error that
+    says which and what to do."""
+    setup = mlp()
+    runs = {}
+    for lr in ("0.01", "0.001"):
+        with ndbg.watch(setup.model, report=False) as run:
+            train(setup, 3 if lr == "0.01" else 5)
+        runs[lr] = run.save(tmp_path / f"run_lr{lr}")
+    assert sorted(p.name for p in tmp_path.glob("*.npz")) == ["run_lr0.001.npz",
+                                                              "run_lr0.01.npz"]
+    assert ndbg.load(tmp_path / "run_lr0.01").trace.n_steps == 3
+    assert ndbg.load(runs["0.001"]).trace.n_steps == 5
+    assert ndbg.load(tmp_path / "run_lr0.001.json").trace.n_steps == 5  # its other file
+    with pytest.raises(FileNotFoundError, match="no saved run at .*nowhere.npz: save one"):
+        ndbg.load(tmp_path / "nowhere")
+    (tmp_path / "adir.npz").mkdir()
+    with pytest.raises(FileNotFoundError, match="is a directory"):
+        ndbg.load(tmp_path / "adir.npz")
+    (tmp_path / "cut.npz").write_bytes(runs["0.01"].read_bytes()[:200])
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    (tmp_path / "bytes.npz").write_bytes(b"\x80\x04 not a zip at all")
+    for name in ("cut", "other", "bytes"):
+        with pytest.raises(ValueError, match=f"{name}.npz is not a run saved by neuraldbg_nb"):
+            ndbg.load(tmp_path / name)

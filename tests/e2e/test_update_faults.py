@@ -146,3 +146,25 @@ def test_a_learning_rate_far_too_high_diverges_within_the_first_steps_and_is_nam
     healthy, _ = _tanh_mlp_on_task(0.1)
     assert not [e for e in healthy.events if e.severity == "error"], \
         [str(e) for e in healthy.events]
+
+
+@pytest.mark.parametrize("at", [S, S + 3])
+def test_an_edit_that_moves_its_layer_little_but_kills_the_next_is_that_layers(at):
+    """A bias set to -20 outside the optimizer: the layer's own outputs move about 3x
+    (no jump of their own) while every unit of the ReLU after it dies and the next
+    layer's outputs collapse. The edit is the first failure, at its layer and step,
+    whether the step's layers were measured or the step was replayed."""
+    from loops import relu_mlp, task_loop
+
+    def edit(step, model, opt):
+        if step == at:
+            with torch.no_grad():
+                model[0].bias.fill_(-20.0)
+
+    model = relu_mlp()
+    with ndbg.watch(model, report=False) as run:
+        task_loop(model, STEPS, on_step_start=edit)
+    first = run.first_failure
+    assert first is not None and (first.layer, first.step) == ("0", at), \
+        [str(e) for e in run.events[:5]]
+    assert "outside the optimizer" in first.message

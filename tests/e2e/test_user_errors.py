@@ -3,6 +3,7 @@ type error that names the fix, a spelling hint."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from conftest import leftover_global_hooks
@@ -44,3 +45,38 @@ def test_unknown_threshold_names_get_a_spelling_hint():
     with pytest.raises(TypeError, match="Did you mean 'window'"):
         run.reclassify(windw=5)
     assert leftover_global_hooks() == []
+
+
+def test_a_whole_number_given_as_a_float_is_a_count_and_other_kinds_are_refused():
+    """`window=20.0` (a slider's value, a config file's) is the count 20; 2.5 steps, a
+    string or a bool is refused when the watch is made, not by its own code later."""
+    assert ndbg.Thresholds(window=20.0, patience=3.0).window == 20
+    assert type(ndbg.Thresholds(patience=3.0).patience) is int
+    assert type(ndbg.Thresholds(jump=20).jump) is float
+    model = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="whole number"):
+        ndbg.watch(model, window=2.5)
+    with pytest.raises(TypeError, match="Thresholds.jump is a number"):
+        ndbg.watch(model, jump="abc")
+    with pytest.raises(TypeError, match="Thresholds.window is a number"):
+        ndbg.watch(model, window=True)
+    setup = mlp()
+    with ndbg.watch(setup.model, report=False, window=20.0) as run:
+        train(setup, 30)
+    assert run.status == "finished" and not run.notes, run.notes
+    with pytest.raises(ValueError, match="whole number"):
+        run.reclassify(window=2.5)
+
+
+def test_a_block_that_only_evaluates_reads_no_gradient_left_from_before():
+    """A forward-only block after training outside it (the gradients of the last step
+    left in `.grad`, here NaN): no backward ran, so no gradient is this block's."""
+    setup = mlp()
+    train(setup, 3)
+    for p in setup.model.parameters():
+        p.grad.fill_(float("nan"))
+    with ndbg.watch(setup.model, report=False) as run:
+        for step in range(3):
+            setup.model(setup.batch(step)[0])
+    assert run.first_failure is None, [str(e) for e in run.events]
+    assert np.isnan(run.trace.col("grad_norm")).all()

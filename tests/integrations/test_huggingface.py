@@ -202,3 +202,25 @@ def test_the_recorded_loss_is_the_loss_the_trainer_logs(tmp_path, accumulate):
     assert len(logged) == 2
     for window, value in zip((recorded[:5], recorded[5:]), logged):
         assert float(window.mean()) == pytest.approx(value, rel=1e-5)
+
+
+def test_a_training_that_raises_ends_the_watch_with_its_error(tmp_path):
+    """transformers tells a callback of no exception: `train()` raising (a label out of
+    the vocabulary, in the batch that holds it) still ends the watch, its hooks removed and the run
+    saved, and the error is the user's, as without the callback."""
+    rows = dataset()
+    rows[FAULT] = {**rows[FAULT], "labels": torch.full((16,), 1000)}
+    cb = NeuralDbgCallback()
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                             max_steps=40, report_to=[], save_strategy="no", use_cpu=True,
+                             seed=0, disable_tqdm=True)
+    model = tiny_gpt2()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=[cb])
+        with pytest.raises((IndexError, RuntimeError)):
+            trainer.train()
+    assert cb.run.status == "raised" and cb.run.exception is not None
+    assert cb.run.trace.n_steps < 40
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert (tmp_path / "neuraldbg_run.npz").exists()

@@ -56,25 +56,34 @@ def test_references_keep_a_strided_sample_of_large_tensors_and_events_keep_them_
     assert torch.equal(ref["output"], conv.permute(0, 2, 3, 1).reshape(-1)[::stride])
 
 
-def test_events_go_latest_step_first_and_the_first_failure_keeps_one_capture() -> None:
+def test_events_go_last_in_first_out_and_the_first_failure_stays() -> None:
     store = CaptureStore(4 * MB)
     for layer in ("a", "b", "c", "d"):  # four layers fire at the first failure, in order
         store.add(5, layer, EVENT, _tensors(1))
-    store.add(6, "x", EVENT, _tensors(1))  # full: step 5's captures go in the order they came
+    store.add(6, "x", EVENT, _tensors(1))  # full: step 5's last one goes, its first stays
     store.add(7, "x", EVENT, _tensors(1))  # the latest step (6) goes first
-    assert sorted(store._items) == [(5, "b"), (5, "c"), (5, "d"), (7, "x")]
+    assert sorted(store._items) == [(5, "a"), (5, "b"), (5, "c"), (7, "x")]
     two = {"output": torch.ones(MB // 4), "input": torch.zeros(MB // 4)}
     assert store.add(8, "x", EVENT, two) is not None
-    assert sorted(store._items) == [(5, "c"), (5, "d"), (8, "x")]
-    assert store.nbytes == 4 * MB
+    assert sorted(store._items) == [(5, "a"), (5, "b"), (8, "x")]
+    for step in range(9, 40):  # however many events come after it
+        assert store.add(step, "y", EVENT, _tensors(1)) is not None
+        assert store.nbytes <= store.budget
+    assert (5, "a") in store._items
 
 
-def test_a_capture_larger_than_the_budget_is_dropped_and_counted() -> None:
+def test_a_capture_larger_than_the_budget_is_sampled_to_fit_beside_others() -> None:
     store = CaptureStore(MB)
-    # each tensor alone is sampled down to a quarter of the budget; six of them do not fit
+    # six tensors of a quarter of the budget each: together sampled down to half of it
     big = {f"t{i}": torch.arange(MB, dtype=torch.float32) + i for i in range(6)}
-    assert store.add(5, "fc", EVENT, big) is None
-    assert store.dropped == 1 and store.nbytes == 0 and len(store) == 0
+    bias = torch.arange(16, dtype=torch.float32)
+    cap = store.add(5, "fc", EVENT, {**big, "bias": bias})
+    assert cap is not None and store.dropped == 0
+    assert cap.sampled == set(big) and torch.equal(cap["bias"], bias)  # the small one whole
+    assert store.nbytes <= MB // 2 + 64
+    stride = int(cap["t3"][1] - cap["t3"][0])  # an even stride over the whole tensor
+    assert stride > 1 and torch.equal(cap["t3"], big["t3"][::stride])
+    assert store.add(6, "fc", EVENT, big) is not None and (5, "fc") in store._items
 
 
 def test_a_tensor_under_two_names_is_copied_and_counted_once() -> None:

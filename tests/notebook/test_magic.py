@@ -115,6 +115,32 @@ def test_unknown_option_gets_a_spelling_hint(ip) -> None:
         ip.run_cell_magic("neuraldbg", "--vansih 1e-7", "pass")
 
 
+@pytest.mark.parametrize("line, says", [
+    ("--capture-mb -1", "capture_mb must be >= 0"),
+    ("--sample-every 0", "sample_every must be >= 1"),
+    ("--jump -5", "Thresholds.jump must be > 0"),
+])
+def test_an_option_out_of_its_range_is_a_usage_error(ip, line, says) -> None:
+    with pytest.raises(UsageError, match=f"%%neuraldbg: {says}"):
+        ip.run_cell_magic("neuraldbg", line, "pass")
+    assert no_hooks_left()
+
+
+def test_save_keeps_the_run_for_after_a_restart(ip, capsys, tmp_path) -> None:
+    """`--save`: the run is on disk when the cell ends, its first failure with it, for
+    `ndbg.show(path)` in a kernel that did not train it; a path it cannot write is said,
+    not raised over the cell's own result."""
+    path = tmp_path / "run_lr0.05"
+    ip.run_cell_magic("neuraldbg", f"--no-panel --save {path}",
+                      TRAIN.format(steps=60, fault=40))
+    assert f"run saved to {path}.npz" in capsys.readouterr().err
+    saved = ndbg.load(path)
+    assert (saved.first_failure.layer, saved.first_failure.step) == ("2", 40)
+    ip.run_cell_magic("neuraldbg", f"--no-panel --save {tmp_path / 'no' / 'such' / 'dir'}",
+                      TRAIN.format(steps=3, fault=-1))
+    assert "the run was not saved" in capsys.readouterr().err
+
+
 def test_help_prints_the_options(ip, capsys) -> None:
     ip.run_cell_magic("neuraldbg", "--help", "pass")
     out = capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from faults import STEPS, S, weight_x1000
 from models import mlp, train
+from panels import shown_panel
 
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.notebook import panel_state
@@ -67,7 +68,8 @@ def test_the_panel_sends_the_baseline_once_the_run_is_over(runs) -> None:
 
 def test_show_takes_a_saved_baseline(runs, tmp_path) -> None:
     path = runs["healthy"].save(tmp_path / "yesterday.npz")
-    panel = ndbg.show(runs["broken"], baseline=path)
+    ndbg.show(runs["broken"], baseline=path)
+    panel = shown_panel()
     try:
         assert panel.baseline["name"] == "yesterday.npz"
         assert panel.baseline["step"] == S

@@ -382,21 +382,41 @@ class _Flagged(nn.Module):
         return x
 
 
-def test_a_forward_that_reads_state_changed_after_it_is_not_replayed_as_the_steps():
+class _WithLoss(nn.Module):
+    """A model that computes its loss and returns it first, its logits after (as a
+    transformers model given labels does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Flagged()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.inner(x)
+        return nn.functional.cross_entropy(logits, y), logits
+
+
+@pytest.mark.parametrize("returns", ["logits", "loss, scaled in place after"])
+def test_a_forward_that_reads_state_changed_after_it_is_not_replayed_as_the_steps(returns):
     """The loop sets a flag for one step's forward and clears it after `backward()`: the
     replay, run before the update, computes a finite output where the training's was not;
     its numbers are not the step's. The run says why, and names the step from its
-    every-step numbers."""
+    every-step numbers. Also where the model returns its loss first and the loop scales
+    it in place (the transformers Trainer does): the logits beside it are compared."""
     at = 13
-    model = _Flagged()
+    model = _Flagged() if returns == "logits" else _WithLoss()
+    flagged = model if returns == "logits" else model.inner
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     with nd.watch(model, report=False) as run:
         for step, (x, y) in enumerate(_batches(30)):
-            model.blow = step == at
-            loss = nn.functional.cross_entropy(model(x), y)
+            flagged.blow = step == at
+            if returns == "logits":
+                loss = nn.functional.cross_entropy(model(x), y)
+            else:
+                loss = model(x, y)[0]
+                loss *= 1.0
             opt.zero_grad()
             loss.backward()
-            model.blow = False
+            flagged.blow = False
             opt.step()
     assert run.recorder.replays == 0
     assert np.isnan(run.trace.col("act_absmax")[at]).all()  # no replayed numbers kept
@@ -428,3 +448,28 @@ def test_a_forward_that_draws_outside_torchs_generators_is_not_replayed_as_the_s
         said = [n for n in run.notes if "gave another output" in n]
         assert bool(said) == (noise > 0), run.notes
     assert replays[0] >= 1 and replays[1] == 0
+
+
+def test_a_refused_replay_names_the_hooked_layer_as_the_watch_names_it():
+    """The loop calls a part of the watched model (a LightningModule's `self.net`), one of
+    whose layers has a hook of the user's own: the replay of a step that went wrong is
+    refused, and the note names that layer as the run does ("net.4", not "4")."""
+    at = 13
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _model()
+
+    def edit(step, model):
+        if step == at:
+            with torch.no_grad():
+                model.net[4].weight.mul_(1.5)
+
+    model = Wrapper()
+    heard: list[int] = []
+    model.net[4].register_forward_hook(lambda m, a, y: heard.append(1))
+    with nd.watch(model, report=False) as run:
+        _train(model, _batches(20), edit=edit, forward=lambda m, x: m.net(x))
+    said = [n for n in run.notes if "could not be replayed" in n]
+    assert said and "(net.4 has forward hooks of its own" in said[0], run.notes
