@@ -346,6 +346,11 @@ def stall_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fin
         rate = lr_of(trace, s)
         if rate < TOO_SMALL:  # (NaN is not)
             return text + f"the learning rate is {fmt(rate)}{_since(trace, s)}"
+        if v < th.vanish:  # (the vanishing gradient's line)
+            return text + ("so small a gradient makes updates far below what a float32 "
+                           "weight can tell, and each rounds away: the gradient vanished "
+                           "on its way back to this layer (saturated activations, a deep "
+                           "stack without normalisation or skip connections)")
         return text + ("they are not in the optimizer, or their learning rate is 0 (if "
                        "they are meant to stay as they are, requires_grad_(False) saves "
                        "computing their gradients)")

@@ -23,7 +23,6 @@ from IPython.display import display
 from ..live.options import Argument, threshold_arguments, watch_arguments, watch_keywords
 from ..live.watcher import watch
 from ..report.run import Run, TrainingFailure
-from . import kernel_idle
 from .static import show_diagnosis
 
 
@@ -142,7 +141,6 @@ def _give_empty_cells_a_body(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(NeuralDbgMagics)
-    kernel_idle.follow(ipython)
     cleanup = getattr(ipython, "input_transformers_cleanup", None)
     if cleanup is not None and _give_empty_cells_a_body not in cleanup:
         cleanup.append(_give_empty_cells_a_body)

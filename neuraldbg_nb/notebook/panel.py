@@ -30,7 +30,7 @@ except ImportError as err:  # pragma: no cover - exercised only where anywidget 
 from ..detect.events import Event
 from ..report import story
 from ..report.run import Run
-from . import kernel_idle, panel_state
+from . import panel_state
 from .panel_budget import MAX_RATE, PanelBudget
 
 __all__ = ["MAX_RATE", "Panel", "PanelBudget"]
@@ -49,24 +49,15 @@ def _static(name: str) -> Any:
     return path
 
 
-WARM_WAIT_S = 60.0
-"""Seconds the chart warm-up waits for an idle kernel at most: a long training cell after
-the one that ended then pays the imports once, instead of its first click the renderer's
-start."""
-
-
 def _warm_charts(run: Run | None) -> None:
     """In the background: import and start the chart renderer (seconds, once a process),
     and with `run`, the run being over, make the inspector of its first failure
     (`inspector.prepare`), so the first click on an event does not wait for either.
     Started when training ends, or with the panel of a finished run: the imports hold the
     interpreter for a second or two, and started with a training's panel they delayed its
-    first steps by as much (the first paint of a 120-layer MLP came after 2.5 s). They
-    wait for the kernel to be idle (`kernel_idle`, `WARM_WAIT_S` at most): started as a
-    cell ends, they would slow the next one the same way ("Run All")."""
+    first steps by as much (the first paint of a 120-layer MLP came after 2.5 s)."""
     def warm() -> None:
         try:
-            kernel_idle.wait_until_idle(WARM_WAIT_S)
             from .inspector import prepare, warm_up
             warm_up()
             if run is not None:
