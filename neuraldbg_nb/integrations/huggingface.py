@@ -101,27 +101,41 @@ def _close_on_error(callback: NeuralDbgCallback, state: Any) -> None:
     """Make the Trainer's `train()` end the watch where it raises: transformers tells a
     callback of no exception (`on_train_end` comes only after a training that ended), and
     the model's hooks would stay, recording its later calls into the run. Its `train` is
-    wrapped on the instance, once: from the Trainer's next `train()` where the callback
-    was added after the Trainer was made."""
+    wrapped on the instance, once (`_EndsWatchOnError`): from the Trainer's next `train()`
+    where the callback was added after the Trainer was made."""
     holder = _trainer_dict(state)
-    if holder is None or getattr(holder.get("train"), "_neuraldbg", None) is callback:
+    train = None if holder is None else holder.get("train")
+    if holder is None or (isinstance(train, _EndsWatchOnError) and train.callback is callback):
         return
     trainer = next((o for o in gc.get_referrers(holder)
                     if getattr(o, "__dict__", None) is holder), None)
-    if trainer is None:
-        return
-    original = type(trainer).train.__get__(trainer)
+    if trainer is not None:
+        holder["train"] = _EndsWatchOnError(trainer, callback)
 
-    @functools.wraps(original)
-    def train(*args: Any, **kwargs: Any) -> Any:
+
+class _EndsWatchOnError:
+    """A Trainer's `train`, which ends `callback`'s watch where it raises. Pickled (a
+    Trainer copied to another process) as the Trainer's own method: no watch goes with
+    it."""
+
+    def __init__(self, trainer: Any, callback: NeuralDbgCallback) -> None:
+        self.trainer = trainer
+        self.callback = callback
+        functools.update_wrapper(self, type(trainer).train)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return original(*args, **kwargs)
+            return type(self.trainer).train(self.trainer, *args, **kwargs)
         except BaseException as exc:
-            callback._raised(exc, getattr(trainer.args, "output_dir", None))
+            self.callback._raised(exc, getattr(self.trainer.args, "output_dir", None))
             raise
 
-    train._neuraldbg = callback  # type: ignore[attr-defined]
-    holder["train"] = train
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _own_train, (self.trainer,)
+
+
+def _own_train(trainer: Any) -> Any:
+    return type(trainer).train.__get__(trainer)
 
 
 def _log_before_reporters(callback: NeuralDbgCallback, state: Any) -> None:
@@ -132,12 +146,10 @@ def _log_before_reporters(callback: NeuralDbgCallback, state: Any) -> None:
     Where it is not found, the events reach the loggers that come after this callback
     only (the Trainer writes `state.log_history` before any callback's `on_log`, so the
     events are never in it)."""
-    for holder in gc.get_referrers(state):
-        handler = holder.get("callback_handler") if isinstance(holder, dict) else None
-        callbacks = getattr(handler, "callbacks", None)
-        if not isinstance(callbacks, list) or callback not in callbacks:
-            continue
-        callbacks.remove(callback)
-        first = 1 if callbacks and type(callbacks[0]).__name__ == "DefaultFlowCallback" else 0
-        callbacks.insert(first, callback)
+    holder = _trainer_dict(state)
+    callbacks = getattr(holder.get("callback_handler"), "callbacks", None) if holder else None
+    if not isinstance(callbacks, list) or callback not in callbacks:
         return
+    callbacks.remove(callback)
+    first = 1 if callbacks and type(callbacks[0]).__name__ == "DefaultFlowCallback" else 0
+    callbacks.insert(first, callback)

@@ -358,11 +358,6 @@ def saved_files(path: str | Path) -> tuple[Path, Path]:
     return npz, npz.with_suffix(".json")
 
 
-def saved_exists(path: str | Path) -> bool:
-    """A saved run's trace is at `path` (`saved_files`)."""
-    return saved_files(path)[0].is_file()
-
-
 def load(path: str | Path) -> Run:
     """A run saved with `Run.save`, ready to re-classify or show: its events as they were
     found while it trained. A file saved without its events is judged again from its

@@ -224,3 +224,6 @@ def test_a_training_that_raises_ends_the_watch_with_its_error(tmp_path):
     assert cb.run.trace.n_steps < 40
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     assert (tmp_path / "neuraldbg_run.npz").exists()
+    # a Trainer copied to another process (pickled) carries its own train(), no watch
+    rebuild, args = trainer.train.__reduce__()
+    assert rebuild(*args).__func__ is Trainer.train
