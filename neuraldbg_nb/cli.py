@@ -98,6 +98,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"no such script: {args.script}")
         script_argv = [str(args.script), *args.script_args]
         first_path = str(args.script.resolve().parent)
+    # where the run is saved, fixed now: the script may change its working directory
+    args.save = Path(os.path.abspath(args.save))
     try:
         w = watch(None, report=True, **watch_keywords(args))
     except (TypeError, ValueError) as e:  # an option's value out of its range
@@ -113,7 +115,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             if args.module is not None:
                 runpy.run_module(args.module, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(script_argv[0], run_name="__main__")
+                # (`__file__` absolute, as python sets it: a script that changes its
+                # working directory still finds its own folder)
+                runpy.run_path(os.path.abspath(script_argv[0]), run_name="__main__")
     except TrainingFailure:
         pass  # the story says where it stopped
     except SystemExit as exit_:

@@ -243,7 +243,7 @@ assert (e3.kind, e3.layer, e3.step) == ("not_in_optimizer", "fc1", 0), e3
 assert (e2.layer, e2.step, e2.severity) == ("fc1", 10, "warning"), e2
 assert left_out_acc > 0.9, left_out_acc
 assert stale.trace.n_steps == 1 and stale_acc < 0.3, stale_acc
-assert any("made for another model" in n for n in stale.notes), stale.notes
+assert any("an earlier copy of this model" in n for n in stale.notes), stale.notes
 e4 = no_zero.first_failure
 assert (e4.kind, e4.step, e4.layer) == ("grads_not_zeroed", 1, None), e4
 assert no_zero.symptoms, "it broke the training"

@@ -39,10 +39,12 @@ def unstepped(foreign_steps: int, scaled: bool = False) -> tuple[str, str]:
         why = (f"an optimizer stepped {foreign_steps} time"
                f"{'s' * (foreign_steps != 1)}, but none of the parameters it trains "
                f"are the watched model's: the model never changed, and the whole block "
-               f"was recorded as one step. The optimizer was made for another model, "
-               f"most likely an earlier copy of this one (the cell that makes the model "
-               f"was run again after the one that makes the optimizer). Make the "
-               f"optimizer again from this model, e.g. "
+               f"was recorded as one step. The optimizer was made for other tensors: "
+               f"most likely an earlier copy of this model (the cell that makes the model "
+               f"was run again after the one that makes the optimizer), or weights that "
+               f"the loop gives the model from outside it "
+               f"(torch.func.functional_call(model, params, x)), which the watch does not "
+               f"follow. Make the optimizer again from this model, e.g. "
                f"torch.optim.AdamW(model.parameters()).")
     else:
         what = "no optimizer step was seen, so the block was not judged step by step"

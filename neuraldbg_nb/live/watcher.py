@@ -260,9 +260,11 @@ class Watch:
                                 and not probe.transformed_seen)
             if seen is not None and seen not in run.notes:
                 run.notes.append(seen)
-        if exc_type is None or (issubclass(exc_type, SystemExit)
-                                and getattr(exc, "code", None) in (None, 0)):
-            run.status = "finished"  # `sys.exit(0)` ends a script as its last line does
+        if exc_type is None or issubclass(exc_type, GeneratorExit) or (
+                issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (None, 0)):
+            # `sys.exit(0)` ends a script as its last line does; a generator whose
+            # consumer stopped early (`break` over it) is closed, not failed
+            run.status = "finished"
         elif issubclass(exc_type, SystemExit):
             run.status = "exited"
             run.exception = exc

@@ -33,6 +33,9 @@ from .timing import clock as _clock
 
 _is_compiling = torch.compiler.is_compiling  # read on every layer call: one lookup saved
 _transformed = torch._C._are_functorch_transforms_active
+_tracing = torch._C._is_tracing
+"""`torch.jit.trace` is running the model: a hook's ops would enter the traced graph, so
+the hooks do nothing then (the trace is the user's artifact, not a training step)."""
 """Inside `torch.func` transforms (`vmap`, `grad`, `jvp`: per-sample gradients, Jacobians)
 the tensors a hook sees are wrapped: reading one on the host (`.item()`) or copying into
 it raises. Calls made there are left out (`transformed_seen`), as compiled ones are."""
@@ -132,6 +135,8 @@ class Forward:
         if _transformed():
             self.transformed_seen = True
             return
+        if _tracing():
+            return
         mid = id(module)
         if not _grad_enabled():  # a model seen only in evaluation is not discovered
             self.eval_seen = True
@@ -148,10 +153,11 @@ class Forward:
         if top:
             self._measured.clear()  # (a forward of its own: a micro-batch's, a second input's)
             transformed = _transformed()
-            self._eval_call = transformed or not _grad_enabled()
+            tracing = _tracing()
+            self._eval_call = transformed or tracing or not _grad_enabled()
             if transformed:  # (`_transformed`)
                 self.transformed_seen = True
-            elif self._eval_call:
+            elif self._eval_call and not tracing:
                 self.eval_seen = True
         self._root_depth += 1
         return top and not self._eval_call

@@ -17,13 +17,15 @@ logged to), so the training goes on as if no replay had run; its warnings are no
 
 A replay is refused, with the reason (`Replay.refusal`), where it cannot be exact or
 safe: a sharded model (FSDP gathers its weights in collectives), arguments changed in
-place since the forward (their `_version` moved), forward hooks of the model's own (the
-user's or a library's would hear the call a second time: a side effect of the program's),
-or a forward that raises when run again. Its numbers are not used where a call's output
-differs from the one the training got (`output_seen`, `same_output`): a forward that
-reads state the loop changed after it (a flag set after `backward()`) or random numbers
-drawn outside torch's generators (Python's `random`, numpy's) ran another way the second
-time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
+place since the forward (their `_version` moved), or a forward that raises when run again.
+It runs without the model's own forward hooks (the user's or a library's would hear the
+call a second time: `replay_hooks.Unhooked`), and a random generator passed to the
+forward (`forward(x, generator=g)`) draws from where it stood at the call and is left
+where the training left it. Its numbers are not used where a call's output differs from
+the one the training got (`output_seen`, `same_output`): a forward that reads state the
+loop changed after it (a flag set after `backward()`), draws random numbers outside
+torch's generators (Python's `random`, numpy's), or whose hooks change what it computes
+ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
 module inside it is replayed (`discovery.unwrapped`), so no collective runs.
 """
 
@@ -33,19 +35,16 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as nn_module
 
 from .discovery import unwrapped
 from .layers import first_tensor, tensors_in
 from .reductions import dense
-from .replay_state import Saved, rng_state, set_rng_state
-
-_PURE_HOOKS = ("WeightNorm", "SpectralNorm")
-"""Forward pre-hooks of `torch.nn.utils` that compute a weight from its parts before each
-forward: part of the forward itself, so a replay runs them (their buffers are restored)."""
+from .replay_hooks import Unhooked
+from .replay_state import Saved, generator_state, rng_state, set_generator_state, set_rng_state
 
 _DEVICE_TYPES = ("cpu", "cuda")
 """Autocast states remembered (the device types a forward runs under autocast on)."""
@@ -60,17 +59,25 @@ def _has(device_type: str) -> bool:
     return device_type == "cpu" or (device_type == "cuda" and torch.cuda.is_initialized())
 
 
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors among the call's arguments, one level into lists, tuples and dicts."""
-    out: list[torch.Tensor] = []
+def _arguments(args: tuple, kwargs: dict
+               ) -> tuple[list[torch.Tensor], list[tuple[Any, Any]]]:
+    """The tensors among the call's arguments, one level into lists, tuples and dicts;
+    and the random generators there (torch's, numpy's, Python's), each with its state
+    now."""
+    tensors: list[torch.Tensor] = []
+    generators: list[tuple[Any, Any]] = []
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(x for x in a if isinstance(x, torch.Tensor))
-        elif isinstance(a, dict):
-            out.extend(x for x in a.values() if isinstance(x, torch.Tensor))
-    return out
+            tensors.append(a)
+            continue
+        items = a if isinstance(a, (list, tuple)) else \
+            a.values() if isinstance(a, dict) else (a,)
+        for x in items:
+            if isinstance(x, torch.Tensor):
+                tensors.append(x)
+            elif (state := generator_state(x)) is not None:
+                generators.append((x, state))
+    return tensors, generators
 
 
 def _sharded(module: nn.Module) -> bool:
@@ -95,6 +102,8 @@ class Call:
     rng: tuple[torch.Tensor, list[torch.Tensor] | None]
     autocast: tuple[tuple[str, bool, torch.dtype], ...]
     tensors: list[torch.Tensor] = field(default_factory=list)
+    generators: list[tuple[Any, Any]] = field(default_factory=list)
+    """The random generators among its arguments, with their states at the call."""
     seen: Seen | None = None
     """Its output's fingerprint (`output_seen`), taken when it returned a large one."""
     out: torch.Tensor | None = None
@@ -206,9 +215,9 @@ class Replay:
     def record(self, root: nn.Module, args: tuple, kwargs: dict) -> None:
         """A top-level training call of `root` begins (its pre-hook): remembered by
         reference, with the RNG and autocast state it starts from."""
-        ts = _tensors(args, kwargs)
+        ts, generators = _arguments(args, kwargs)
         self.calls.append(Call(root, args, dict(kwargs), [t._version for t in ts],
-                               rng_state(), _autocast_state(), ts))
+                               rng_state(), _autocast_state(), ts, generators))
 
     def output(self, output: object) -> None:
         """The call last recorded returned `output`: what a replay of the step compares
@@ -241,27 +250,6 @@ class Replay:
             if any(t._version != v for t, v in zip(c.tensors, c.versions)):
                 return ("the model's inputs were changed in place after its forward, so its "
                         "forward cannot be run again as it ran")
-            hooked = self._foreign_hook(c.module)
-            if hooked is not None:
-                return (f"{hooked} has forward hooks of its own, which would hear the call "
-                        f"again")
-        return None
-
-    def _foreign_hook(self, root: nn.Module) -> str | None:
-        """The first module of `root` (by name; "the model" for the root) with a forward
-        hook or pre-hook that is not the watch's own nor a weight reparametrisation's
-        (`torch.nn.utils.weight_norm`, `spectral_norm`: they compute the weight the forward
-        uses, and change only buffers, which a replay restores); also for PyTorch's global
-        module hooks. None where there is none."""
-        if any(k not in self._own for k in nn_module._global_forward_hooks) or any(
-                k not in self._own for k in nn_module._global_forward_pre_hooks):
-            return "a global module hook"
-        for name, m in root.named_modules():
-            for hooks in (m._forward_hooks, m._forward_pre_hooks):
-                if any(k not in self._own and type(h).__name__ not in _PURE_HOOKS
-                       for k, h in hooks.items()):
-                    known = self._names(m) if self._names is not None else None
-                    return known or name or "the model"
         return None
 
     def run(self, arm: Callable[[], None], disarm: Callable[[], None]) -> bool:
@@ -276,13 +264,16 @@ class Replay:
             return False
         modules = list({id(m): m for m in (c.module for c in self.calls)}.values())
         pairs: list[tuple[Seen, Seen | None]] = []  # (the training's, the replay's)
-        saved = Saved(modules)
+        saved = Saved(modules, [g for c in self.calls for g, _ in c.generators])
+        unhooked = Unhooked(modules, self._own, self._names)
         self.active = True
-        arm()
         try:
-            with saved, torch.no_grad():
+            with unhooked, saved, torch.no_grad():
+                arm()
                 for c in self.calls:
                     set_rng_state(c.rng)
+                    for g, state in c.generators:
+                        set_generator_state(g, state)
                     was = c.fingerprint()
                     with _autocast(c.autocast):
                         out = c.module(*c.args, **c.kwargs)
@@ -308,7 +299,11 @@ class Replay:
                                 f"when run again, more than a replay copies to put back")
             return False
         if not all(same_output(was, now) for was, now in pairs):
-            if self.refused is None:
+            if self.refused is None and unhooked.skipped is not None:
+                self.refused = (f"its forward gave another output when run without the "
+                                f"forward hooks of its own ({unhooked.skipped}'s: they would "
+                                f"hear the call again), which change what it computes")
+            elif self.refused is None:
                 self.refused = (
                     "its forward gave another output when run again: it reads state that "
                     "changed after it, such as a flag the loop sets after backward(), or "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,9 @@ class Saved:
     """The state a replay of `modules`' forwards may change, taken now; `restore` puts it
     back. Entered as a context, it also keeps the replay's warnings from being shown."""
 
-    def __init__(self, modules: list[nn.Module]) -> None:
+    def __init__(self, modules: list[nn.Module], generators: Sequence[Any] = ()) -> None:
+        """`generators`: random generators outside the modules that the replay draws
+        from (the forward's arguments)."""
         self._torch = rng_state()
         self._python = random.getstate()
         self._numpy = np.random.get_state()
@@ -62,7 +65,8 @@ class Saved:
         self._buffers = [(b, b.detach().clone()) for m in every for b in m.buffers(recurse=False)]
         self._attrs: list[tuple[nn.Module, dict[str, Any]]] = []
         self._contents: list[tuple[Any, Any]] = []
-        self._generators: list[tuple[Any, Any]] = []
+        self._generators: list[tuple[Any, Any]] = [
+            (g, generator_state(g)) for g in {id(g): g for g in generators}.values()]
         self._tensors: list[tuple[str, torch.Tensor, int, torch.Tensor | None]] = []
         room = TENSOR_BYTES
         for m in every:
@@ -77,7 +81,7 @@ class Saved:
                     room -= size if copy is not None else 0
                     self._tensors.append((f"{type(m).__name__}.{k}", v, v._version, copy))
                 else:
-                    state = _generator_state(v)
+                    state = generator_state(v)
                     if state is not None:
                         self._generators.append((v, state))
         self.changed: list[str] = []
@@ -117,7 +121,7 @@ class Saved:
         for container, items in self._contents:
             _refill(container, items)
         for g, state in self._generators:
-            _set_generator_state(g, state)
+            set_generator_state(g, state)
 
 
 _MISSING = object()
@@ -145,7 +149,7 @@ def _refill(container: Any, items: list[Any]) -> None:
         container.extend(items)
 
 
-def _generator_state(g: object) -> Any:
+def generator_state(g: object) -> Any:
     """The state of a random generator a module holds (torch's, numpy's, Python's), or
     None where `g` is none."""
     if isinstance(g, torch.Generator):
@@ -157,7 +161,7 @@ def _generator_state(g: object) -> Any:
     return None
 
 
-def _set_generator_state(g: Any, state: Any) -> None:
+def set_generator_state(g: Any, state: Any) -> None:
     if isinstance(g, torch.Generator):
         g.set_state(state)
     elif isinstance(g, np.random.Generator):

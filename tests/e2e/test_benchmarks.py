@@ -22,10 +22,14 @@ def _run(*args: str, timeout: int = 300) -> str:
 
 
 def test_overhead_benchmark_runs_in_quick_mode() -> None:
-    out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp")
+    """Each kind of row runs: the engine's, a floor and a reference (every configuration
+    is a row of the same loop; `--configs` keeps the run short)."""
+    out = _run("benchmarks/overhead.py", "--quick", "--models", "mlp", "--configs",
+               "default,floor,anomaly")
     assert "neuraldbg default" in out and "plain vs plain" in out
+    assert "floor: one fused gradient read" in out and "detect_anomaly" in out
     out = _run("benchmarks/overhead.py", "--quick", "--models", "cnn", "--threads", "1",
-               "--clock", "cpu")
+               "--clock", "cpu", "--configs", "default")
     assert "cpu clock" in out and "neuraldbg default" in out
 
 

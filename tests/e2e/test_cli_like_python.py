@@ -58,6 +58,36 @@ def test_a_script_imports_its_siblings_and_a_normal_end_is_a_clean_finish(tmp_pa
     assert (run.first_failure.kind, run.first_failure.step) == ("data_anomaly", 12)
 
 
+def test_a_script_that_changes_folder_finds_its_own_and_the_run_is_saved_where_asked(
+        tmp_path):
+    """As under `python`, the script's `__file__` is absolute: a script started by a
+    relative path that changes its working directory (as Hydra does) still reads a file
+    beside it; the run goes where `--save` said, relative to where the command ran."""
+    code = tmp_path / "project"
+    write(code, "helpers.py", TRAIN)
+    write(code, "cfg.txt", "30\n")
+    elsewhere = tmp_path / "outputs"
+    elsewhere.mkdir()
+    write(code, "main.py", f"""
+        import os, sys
+        sys.path.insert(0, os.path.dirname(__file__))
+        from helpers import train
+        os.chdir({str(elsewhere)!r})
+        steps = int(open(os.path.join(os.path.dirname(__file__), "cfg.txt")).read())
+        train(steps=steps, fault_step=12)
+        print("absolute", os.path.isabs(__file__))
+        """)
+    done = subprocess.run([sys.executable, "-m", "neuraldbg_nb.cli", "run", "--save",
+                           "kept.npz", "project/main.py"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "absolute True" in done.stdout
+    assert not (elsewhere / "kept.npz").exists()
+    run = ndbg.load(tmp_path / "kept.npz")
+    assert run.trace.n_steps == 30 and run.first_failure.step == 12
+    assert str(tmp_path / "kept.npz") in done.stderr
+
+
 def test_dash_m_runs_a_module_of_a_package_from_the_current_folder(tmp_path):
     write(tmp_path, "pkg/__init__.py", "")
     write(tmp_path, "pkg/helpers.py", TRAIN)

@@ -2,7 +2,7 @@
 and deep-copies inside the watch, the copies carry no hooks and train as the original
 would; `torch.compile` under a watch with no model gives no torch warning; layers called
 through `layer.forward(x)` (forward-forward training) are said to be unseen instead of
-being reported healthy."""
+being reported healthy; `torch.jit.trace` inside the watch records the model's own graph."""
 
 from __future__ import annotations
 
@@ -122,6 +122,53 @@ def forward_forward(layers: list[nn.Module], steps: int = 12) -> None:
             y.square().mean().backward()
             opt.step()
             x = y.detach()
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.trace.* is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("given", [True, False], ids=["model given", "no model"])
+def test_a_model_traced_inside_a_watch_traces_the_models_own_graph(given):
+    """`torch.jit.trace` runs the model inside the watch, at sampled steps and others:
+    the hooks do nothing while it traces, so the traced graph holds the model's own ops
+    (the trace's own check of two runs passes, no TracerWarning), and the training's
+    steps are watched as before."""
+    x = torch.randn(4, 8)
+    plain = [n.kind() for n in torch.jit.trace(mlp(), x).inlined_graph.nodes()]
+    model = mlp()
+    kinds = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch.jit.TracerWarning)
+        with ndbg.watch(model if given else None, report=False) as run:
+            train(model, 12, on_step=lambda step, m: kinds.append(
+                [n.kind() for n in torch.jit.trace(m, x).inlined_graph.nodes()]))
+    assert kinds and all(k == plain for k in kinds), (kinds[0], plain)
+    assert run.trace.n_steps == 12 and hooks(model) == 0
+
+
+def test_a_backward_wrapper_the_program_installs_inside_a_watch_stays_after_it():
+    """A program that wraps `torch.autograd.backward` while watched (a profiler installed
+    mid-run) keeps its wrapper after the block, and a later watch hears each backward
+    once, through both wrappers."""
+    original = torch.autograd.backward
+    calls = []
+    model = mlp()
+    try:
+        with ndbg.watch(model, report=False):
+            prev = torch.autograd.backward
+
+            def counting(*args, **kwargs):
+                calls.append(1)
+                return prev(*args, **kwargs)
+
+            torch.autograd.backward = counting
+            plain = train(model, 5)
+        assert torch.autograd.backward is counting and len(calls) == 5
+        with ndbg.watch(model, report=False) as run:
+            again = train(model, 5)
+        assert torch.autograd.backward is counting and len(calls) == 10
+        assert run.trace.scalar("loss", 0, 5).tolist() == [float(x) for x in again]
+    finally:
+        torch.autograd.backward = original
+    assert len(plain) == 5
 
 
 def test_layers_called_through_forward_are_said_unseen_not_healthy():

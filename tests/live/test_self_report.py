@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -74,6 +75,7 @@ def test_hook_dispatch_is_measured():
     assert dispatch_s() == dispatch_s()
 
 
+@pytest.mark.timed
 def test_the_self_report_agrees_with_the_measured_cost_within_a_factor():
     """Interleaved blocks of the same loop, plain and watched (the benchmarks' method),
     against what the watched run says it cost: within a factor of 3 (loose: a shared

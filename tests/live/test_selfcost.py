@@ -21,6 +21,8 @@ from neuraldbg_nb.notebook import panel_state
 from neuraldbg_nb.record import reductions
 from neuraldbg_nb.record.sampler import Sampler, is_reference_step
 
+pytestmark = pytest.mark.timed  # (budgets and latencies on the wall clock)
+
 
 class _Feed:
     """Steps recorded into a SelfCost in order, as the probe records them."""

@@ -176,6 +176,6 @@ def test_a_note_is_said_once_under_the_panel_not_as_a_warning_too(ip, capsys) ->
         ip.run_cell_magic("neuraldbg", "", stale + TRAIN.format(steps=5, fault=-1))
     run = ndbg.last_run()
     (note,) = run.notes
-    assert "made for another model" in note
-    assert capsys.readouterr().err.count("made for another model") == 1
+    assert "an earlier copy of this model" in note
+    assert capsys.readouterr().err.count("an earlier copy of this model") == 1
     assert not [w for w in caught if "neuraldbg" in str(w.message)], caught

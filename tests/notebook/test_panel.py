@@ -88,6 +88,7 @@ def test_live_messages_stay_small_however_long_the_run() -> None:
         assert size < 64_000, f"{steps} steps: a live update is {size} bytes"
 
 
+@pytest.mark.timed
 def test_updates_are_throttled_while_training() -> None:
     pushes = []
     torch.manual_seed(0)

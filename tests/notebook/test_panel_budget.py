@@ -16,6 +16,8 @@ import neuraldbg_nb as ndbg
 from neuraldbg_nb.notebook.panel import Panel
 from neuraldbg_nb.notebook.panel_budget import BUDGET, MAX_GAP, MAX_RATE, PanelBudget
 
+pytestmark = pytest.mark.timed  # (budgets and latencies on the wall clock)
+
 FAULT_STEP = 12
 
 

@@ -75,6 +75,7 @@ def test_non_finite_values_are_marked_on_the_chart() -> None:
     assert "non-finite at" in html, "the inf activations are not on the chart"
 
 
+@pytest.mark.timed
 def test_each_run_has_its_own_hint_and_its_inspector_is_made_before_the_click() -> None:
     first = _train(_mlp(), _kill_relu)
     second = _train(_mlp(), _kill_relu)

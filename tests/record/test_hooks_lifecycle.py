@@ -67,6 +67,29 @@ def test_hooks_removed_after_keyboard_interrupt():
     assert run.trace.n_steps == 7
 
 
+def test_a_watch_in_a_generator_its_consumer_stops_early_is_a_finished_run():
+    """A training written as a generator (it yields each step's loss) whose consumer
+    stops early with `break`: the generator is closed, the watch ends as a normal finish
+    (not an exception), and its hooks are gone."""
+    setup = mlp()
+    runs = []
+
+    def steps():
+        with ndbg.watch(setup.model, report=False) as run:
+            runs.append(run)
+            for step in range(100):
+                train(setup, 1)
+                yield step
+
+    for step in steps():
+        if step == 6:
+            break
+    (run,) = runs
+    _assert_unhooked(setup.model)
+    assert run.status == "finished" and run.exception is None
+    assert run.trace.n_steps == 7
+
+
 def test_exception_in_the_middle_of_a_forward_leaves_nothing_behind():
     """A forward that raises half way (after some hooks ran, before the root's post hook)
     must not leave state that spoils the next watch."""
@@ -212,7 +235,7 @@ def test_an_optimizer_made_for_an_earlier_copy_of_the_model_is_named_as_the_caus
     stale = torch.optim.SGD(mlp().model.parameters(), lr=0.05)  # the earlier copy's
     before = [p.detach().clone() for p in setup.model.parameters()]
     w = ndbg.watch(setup.model, report=False)
-    with pytest.warns(UserWarning, match="made for another model"):  # noqa: PT031, SIM117
+    with pytest.warns(UserWarning, match="an earlier copy of this model"):  # noqa: PT031, SIM117
         with w as run:
             for step in range(5):
                 x, y = setup.batch(step)

@@ -122,24 +122,36 @@ def test_inputs_changed_in_place_refuse_the_replay():
 
 
 @pytest.mark.filterwarnings("ignore:`torch.nn.utils.weight_norm` is deprecated:FutureWarning")
-def test_a_model_with_forward_hooks_of_its_own_is_not_replayed():
+def test_a_model_with_forward_hooks_of_its_own_is_replayed_without_them():
     """The model's own forward hooks (a user's feature logger) would hear a replayed call
-    as a second forward: the replay is refused and says where; a weight-norm
-    reparametrisation's pre-hook is part of the forward and does not refuse it."""
-    model = _model()
-    replay = Replay()
-    x = torch.randn(4, 12)
-    replay.record(model, (x,), {})
-    assert replay.refusal() is None
+    as a second forward: the replay runs without them and puts them back in their order;
+    a weight-norm reparametrisation's pre-hook is part of the forward and runs; a hook
+    that changes the output makes the replay's output unlike the training's, and the
+    replay is refused, naming where the hook is."""
+    model = _model().eval()
     nn.utils.weight_norm(model[0])
+    x = torch.randn(4, 12)
+    calls: list[str] = []
+    first = model[4].register_forward_hook(lambda m, a, y: calls.append("first"))
+    second = model[4].register_forward_hook(lambda m, a, y: calls.append("second"))
+    replay = Replay()
+    replay.record(model, (x,), {})
+    replay.output(model(x))
+    calls.clear()
     assert replay.refusal() is None
-    calls: list[int] = []
-    h = model[4].register_forward_hook(lambda m, a, y: calls.append(1))
-    try:
-        assert "4 has forward hooks of its own" in (replay.refusal() or "")
-        assert not replay.run(lambda: None, lambda: None) and not calls
-    finally:
-        h.remove()
+    assert replay.run(lambda: None, lambda: None) and replay.replays == 1
+    assert calls == []  # not heard again
+    model(x)
+    assert calls == ["first", "second"]  # back, in their order
+    first.remove()
+    second.remove()
+
+    model[4].register_forward_hook(lambda m, a, y: y * 2)  # part of what the model computes
+    replay = Replay()
+    replay.record(model, (x,), {})
+    replay.output(model(x))
+    assert not replay.run(lambda: None, lambda: None) and replay.replays == 0
+    assert "the forward hooks of its own (4's" in (replay.refused or "")
 
 
 def test_anomalous_reads_non_finite_values_and_jumps():

@@ -452,8 +452,9 @@ def test_a_forward_that_draws_outside_torchs_generators_is_not_replayed_as_the_s
 
 def test_a_refused_replay_names_the_hooked_layer_as_the_watch_names_it():
     """The loop calls a part of the watched model (a LightningModule's `self.net`), one of
-    whose layers has a hook of the user's own: the replay of a step that went wrong is
-    refused, and the note names that layer as the run does ("net.4", not "4")."""
+    whose layers has a hook of the user's own that changes its output: the replay of a
+    step that went wrong runs without it, gives another output, and is refused; the note
+    names that layer as the run does ("net.4", not "4")."""
     at = 13
 
     class Wrapper(nn.Module):
@@ -467,9 +468,86 @@ def test_a_refused_replay_names_the_hooked_layer_as_the_watch_names_it():
                 model.net[4].weight.mul_(1.5)
 
     model = Wrapper()
-    heard: list[int] = []
-    model.net[4].register_forward_hook(lambda m, a, y: heard.append(1))
+    model.net[4].register_forward_hook(lambda m, a, y: y * 0.5)
     with nd.watch(model, report=False) as run:
         _train(model, _batches(20), edit=edit, forward=lambda m, x: m.net(x))
     said = [n for n in run.notes if "could not be replayed" in n]
-    assert said and "(net.4 has forward hooks of its own" in said[0], run.notes
+    assert said and "forward hooks of its own (net.4's" in said[0], run.notes
+
+
+class _Gained(nn.Module):
+    """A layer whose output is scaled by an attribute the test sets: a fault only its
+    activations show (no weight, no gradient of its own moves first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+        self.gain = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.gain
+
+
+def _gained_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), _Gained(), nn.ReLU(), nn.Linear(32, 32),
+                         nn.ReLU(), nn.Linear(32, 4))
+
+
+def test_a_users_logging_hook_hears_each_call_once_and_the_step_is_still_replayed():
+    """A user's feature logger on a later layer: a fault at a step whose layers were not
+    hooked is still found at its own layer and step by the replay, which runs without the
+    user's hook (it hears each of the training's calls once, and stays on the model)."""
+    at = 13
+
+    def edit(step, model):
+        if step == at:
+            model[2].gain = 1e4
+
+    model = _gained_model()
+    heard: list[float] = []
+    model[5].register_forward_hook(lambda m, a, y: heard.append(float(y.detach().mean())))
+    with nd.watch(model, report=False) as run:
+        _train(model, _batches(20), edit=edit)
+    assert len(heard) == 20 and len(model[5]._forward_hooks) == 1
+    assert run.recorder.replays >= 1
+    first = run.first_failure
+    assert first is not None and (first.layer, first.step) == ("2", at), run.events[:3]
+
+
+def test_a_generator_given_to_the_forward_draws_the_same_numbers_when_replayed():
+    """A forward that draws noise from a generator the loop passes in: a replay of a step
+    that went wrong draws from where the generator stood at the call and leaves it where
+    the training left it, so the losses are bit-identical to the unwatched training's."""
+    at = 13
+
+    class Noisy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _gained_model()
+
+        def forward(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+            return self.net(x + 0.1 * torch.randn(x.shape, generator=gen))
+
+    def train(watch: bool) -> tuple[list[float], int]:
+        model = Noisy()
+        gen = torch.Generator().manual_seed(1)
+
+        def edit(step, m):
+            if step == at:
+                m.net[2].gain = 1e4
+
+        def forward(m, x):
+            return m(x, gen)
+
+        if not watch:
+            return _train(model, _batches(20), edit=edit, forward=forward), 0
+        with nd.watch(model, report=False) as run:
+            losses = _train(model, _batches(20), edit=edit, forward=forward)
+        assert not any("could not be replayed" in n for n in run.notes), run.notes
+        return losses, run.recorder.replays
+
+    plain, _ = train(False)
+    watched, replays = train(True)
+    assert replays >= 1
+    assert np.array_equal(plain, watched, equal_nan=True)
