@@ -32,7 +32,7 @@ test: setup browser
 	$(VENV)/bin/lint-imports
 	# two at a time, then one at a time what a neighbour would slow past its bounds: the
 	# tests that assert on wall-clock time, the browsers and the torchrun processes
-	$(PY) -m pytest -q -n 2 -m "not timed and not browser and not distributed"
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not timed and not browser and not distributed"
 	$(PY) -m pytest -q -m "timed or browser or distributed"
 
 # the edit-test loop: the Python tests without a browser, notebooks, torchrun, benchmark

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import runpy
 import signal
@@ -86,11 +87,18 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     current one for `-m`, first on `sys.path`; its own argv; `__main__`), under a watch.
     The exit code is the script's: 0 at its end or at `sys.exit(0)`, its `sys.exit` code,
     1 with the traceback for an exception, 130 for Ctrl-C. The run is saved whatever
-    the end. A caller of `main()` (a test, a notebook) gets its argv and path back."""
+    the end, unless the script never started: one that does not compile, or a module
+    that is not there, is said as `python` says it (exit code 1), and an earlier run saved
+    at the same path stays. A caller of `main()` (a test, a notebook) gets its argv and
+    path back."""
     if args.module is not None:
         rest = [str(args.script)] if args.script is not None else []
         script_argv = [args.module, *rest, *args.script_args]
         first_path = os.getcwd()
+        top = args.module.partition(".")[0]  # (finding a package imports nothing)
+        if importlib.util.find_spec(top) is None and not Path(first_path, top).is_dir():
+            print(f"neuraldbg run: No module named {top}", file=sys.stderr)
+            return 1
     elif args.script is None:
         parser.error("give a script to run, or -m MODULE")
     else:
@@ -98,6 +106,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"no such script: {args.script}")
         script_argv = [str(args.script), *args.script_args]
         first_path = str(args.script.resolve().parent)
+        try:
+            compile(args.script.read_bytes(), os.path.abspath(args.script), "exec")
+        except (SyntaxError, ValueError) as exc:  # (ValueError: a null byte in it)
+            traceback.print_exception(type(exc), exc, None)
+            return 1
     # where the run is saved, fixed now: the script may change its working directory
     args.save = Path(os.path.abspath(args.save))
     try:

@@ -8,6 +8,8 @@ loss, not the layers it starves."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..trace.columns import BOUNDED_LOGITS, SIGMOID_TWICE, Trace
@@ -118,9 +120,21 @@ def _carried(values: np.ndarray) -> np.ndarray:
     return np.where(last >= 0, values[np.maximum(last, 0)], np.nan)
 
 
+def _chance_words(level: float) -> str:
+    """The chance level said: ln(C) where the classes are balanced (the level is the log
+    of a whole number: `record.loss_form.chance_level`), else what it is."""
+    classes = round(math.exp(level))
+    if classes >= 2 and math.isclose(math.exp(level), classes, rel_tol=1e-6):
+        return f"ln(C) = {fmt(math.log(classes))} for C = {classes} classes"
+    return (f"chance is {fmt(level)} here, the loss of predicting each class by its "
+            f"frequency: the classes are not balanced")
+
+
 def chance_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
-    """A mean cross-entropy over C classes (`loss_chance`, read on sampled steps: ln C)
-    whose mean over the last `window` steps stays at ln C or a little above
+    """A mean cross-entropy over C classes (`loss_chance`, read on sampled steps: the
+    loss of predicting each class by its frequency among the labels seen, ln C for
+    balanced classes) whose mean over the last `window` steps stays at it or a little
+    above
     (`CHANCE_MARGIN`, `CHANCE_ABOVE`) for
     `chance_steps` steps in a row: a warning; for twice
     as many, an error. A model that learns nothing from its inputs predicts the classes'
@@ -152,8 +166,7 @@ def chance_findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Fi
         held = 2 * k if sev == "error" else k
         first = max(row - held + 1, 0)
         text = (f"the loss has stayed at chance for {held} steps, by step {s} ({fmt(v)}; "
-                f"ln(C) = {fmt(p)} for C = {round(np.exp(p))} classes): the model learns "
-                f"nothing from its inputs. ")
+                f"{_chance_words(p)}): the model learns nothing from its inputs. ")
         span = total[first:row + 1]
         span = span[np.isfinite(span)]
         rates = lr[first:row + 1]

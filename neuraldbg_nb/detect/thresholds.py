@@ -80,8 +80,9 @@ class Thresholds:
     statistics) must keep at it before the warning becomes an error, dated from its first
     step: an evaluation that forgot `model.train()` is one, a short stretch is not."""
     chance_steps: int = 100
-    """Steps in a row a cross-entropy loss must stay at or above chance, ln(C) for C
-    classes (within `loss_form.CHANCE_MARGIN`), before it is a warning; twice as many make
+    """Steps in a row a cross-entropy loss must stay at or above chance, the loss of
+    predicting each class by its frequency (ln(C) for C balanced classes; within
+    `loss_form.CHANCE_MARGIN`), before it is a warning; twice as many make
     it an error: the model learns nothing from its inputs (labels shuffled apart from
     them, batches sorted by class, gradients clipped to nothing). A hard task's slow
     start leaves chance within it."""

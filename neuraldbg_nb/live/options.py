@@ -77,6 +77,12 @@ class WatchOptions:
     def __post_init__(self) -> None:
         if self.stop_on not in typing.get_args(StopOn):
             raise ValueError(f"stop_on must be 'error' or 'never', got {self.stop_on!r}")
+        every = self.sample_every
+        if isinstance(every, bool) or not isinstance(every, (int, float)):
+            raise TypeError(f"sample_every is a number of steps, got {every!r}")
+        if not float(every).is_integer():  # (a whole float, as a config file gives it: a count)
+            raise ValueError(f"sample_every is a whole number of steps, got {every!r}")
+        object.__setattr__(self, "sample_every", int(every))
         if self.sample_every < 1:
             raise ValueError(f"sample_every must be >= 1, got {self.sample_every}")
         if self.overhead is not None and not 0 < self.overhead < 1:

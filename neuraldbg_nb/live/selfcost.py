@@ -126,7 +126,9 @@ class SelfCost:
         if o is None or o.floor <= self.budget:
             return None
         per_step = o.own_ms - o.sampled_ms
-        text = (f"the overhead budget of {self.budget:.1%} cannot be held: what neuraldbg "
+        # (a budget under 0.1% keeps its digits: 0.0001 is 0.01%, not 0.0%)
+        budget = f"{self.budget:.1%}" if self.budget >= 0.001 else f"{self.budget * 100:.2g}%"
+        text = (f"the overhead budget of {budget} cannot be held: what neuraldbg "
                 f"does whatever the sampling takes {o.floor:.1%} of this loop's step "
                 f"({per_step:.2f} ms of {o.step_ms:.1f} ms): layer hooks (a non-finite "
                 f"check of every layer's output) {o.hooks_ms:.2f} ms, and reading every "

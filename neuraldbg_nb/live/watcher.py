@@ -153,7 +153,7 @@ def _roots(model: Any) -> list[tuple[str, nn.Module]] | None:
         return [("", model)]
     if isinstance(model, Mapping):
         items = list(model.items())
-    elif isinstance(model, Iterable):
+    elif isinstance(model, Iterable) and not isinstance(model, (str, bytes)):
         items = [(str(i), m) for i, m in enumerate(model)]
     else:
         items = [("", model)]
@@ -279,10 +279,13 @@ class Watch:
         try:  # (the engine's error is the run's note, never the user's program's end)
             self._scan()  # every recorded step judged; the schedule counts from here on
             run.notify([])  # re-entry
-            if self.report or (self.report is None and not _in_notebook()):
-                print(run, file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - see `_on_error`
             self._on_error(e, "the end of the block")
+        if self.report or (self.report is None and not _in_notebook()):
+            try:  # (the story of what was recorded, the error's note in it)
+                print(run, file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 - see `_on_error`
+                self._on_error(e, "the end of the block")
 
     def _on_step(self, record: StepRecord) -> None:
         run = self.run

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from ..trace.columns import REAPPLIED
@@ -29,6 +30,9 @@ class Backwards:
         """The same checks for the other optimizers of the step (a GAN's second)."""
         self.total_heard = 0
         """Backwards heard since the watch began."""
+        self._labels: np.ndarray | None = None  # each class's labels on the sampled steps
+        self._label_pos = -1  # the step's label counts on `sc` (`loss_form.labels`)
+        self._classes = 0
         self.accumulated = False
         """The loop scales its losses for gradient accumulation (a framework does):
         the step's loss is their sum (`step_row.loss`)."""
@@ -45,9 +49,11 @@ class Backwards:
         self.eval_layers = -1
         """The most layers found in eval mode at a backward of the step; -1: none heard."""
         self._read_form = sampled
+        self._label_pos = -1
         self.form = {"loss_squashed": math.nan, "loss_broadcast": math.nan,
                      "loss_chance": math.nan}
-        """How the step's first loss was built (`loss_form.read`); NaN: not read."""
+        """How the step's first loss was built (`loss_form.read`); NaN: not read. Its
+        chance level is the labels' (`read_form`)."""
 
     def heard(self, root: torch.Tensor) -> None:
         """A backward starts from `root` (the loss tap); the loss is the unscaled one where
@@ -56,6 +62,13 @@ class Backwards:
         if self._read_form:
             self._read_form = False
             self.form = loss_form.read(root, scaled=loss is not None)
+            node = root.grad_fn
+            if loss is not None and node is not None and node.next_functions:
+                node = node.next_functions[0][0]  # (`loss_form.read`: under the scaling)
+            found = loss_form.labels(node)
+            if found is not None:
+                self._label_pos = self._sc.add_row(found[0])
+                self._classes = found[1]
         self._heard.append(self._sc.add(root.detach() if loss is None else loss))
         if self._scales.scale is not None:
             self._trail.heard(self._scales.scale, self._sc)
@@ -88,6 +101,24 @@ class Backwards:
         """After the transfer `v`: the loss scales of the step's scaled backwards
         (`ScaleTrail.values`)."""
         return self._trail.values(v)
+
+    def read_form(self, v: list[float]) -> dict[str, float]:
+        """After the transfer `v`: how the step's loss was built (`form`), its chance level
+        read from the labels of every sampled step so far (`loss_form.chance_level`):
+        ln C for balanced classes, less where one class is most of the labels, which a
+        model that learns nothing from its inputs reaches by predicting the
+        frequencies."""
+        form = self.form
+        pos = self._label_pos
+        chance = form.get("loss_chance", math.nan)
+        if pos < 0 or not math.isfinite(chance):
+            return form
+        counts = np.asarray(v[pos:pos + self._classes])
+        if self._labels is None or len(self._labels) != len(counts):
+            self._labels = np.zeros(len(counts))
+        self._labels += counts
+        level = loss_form.chance_level(self._labels)
+        return {**form, "loss_chance": level if math.isfinite(level) else chance}
 
     def loss(self, v: list[float]) -> float:
         """After the transfer `v`: the step's loss (`step_row.loss`)."""

@@ -221,7 +221,7 @@ class Boundary:
                    "grad_carried": self._backwards.carried(opt, params, v),
                    "grads_missing": missing,
                    "others_carried": self._backwards.others.resolve(v),
-                   **self._backwards.form}
+                   **self._backwards.read_form(v)}
         if self._steps.input_trained:  # (`StepOwner.input_trained`)
             self._inputs.drop()
         scalars.update(self._inputs.read(v))

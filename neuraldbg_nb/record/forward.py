@@ -36,6 +36,9 @@ _transformed = torch._C._are_functorch_transforms_active
 _tracing = torch._C._is_tracing
 """`torch.jit.trace` is running the model: a hook's ops would enter the traced graph, so
 the hooks do nothing then (the trace is the user's artifact, not a training step)."""
+_is_exporting = torch.compiler.is_exporting
+"""`torch.export` is tracing the model (under `_is_compiling` too): as for `_tracing`, and
+it is no compiled training whose activations go unwatched."""
 """Inside `torch.func` transforms (`vmap`, `grad`, `jvp`: per-sample gradients, Jacobians)
 the tensors a hook sees are wrapped: reading one on the host (`.item()`) or copying into
 it raises. Calls made there are left out (`transformed_seen`), as compiled ones are."""
@@ -130,7 +133,7 @@ class Forward:
         """The global forward pre-hook, installed where no model was given: a module with
         weights first called outside every watched model's call is a model (`found`)."""
         if _is_compiling():
-            self.compiled_seen = True
+            self.compiled_seen = self.compiled_seen or not _is_exporting()
             return
         if _transformed():
             self.transformed_seen = True
@@ -153,11 +156,13 @@ class Forward:
         if top:
             self._measured.clear()  # (a forward of its own: a micro-batch's, a second input's)
             transformed = _transformed()
-            tracing = _tracing()
-            self._eval_call = transformed or tracing or not _grad_enabled()
+            # a trace or an export of the model (or a compiled function that calls it):
+            # its ops would enter the graph, and it is no training step
+            traced = _tracing() or _is_compiling()
+            self._eval_call = transformed or traced or not _grad_enabled()
             if transformed:  # (`_transformed`)
                 self.transformed_seen = True
-            elif self._eval_call and not tracing:
+            elif self._eval_call and not traced:
                 self.eval_seen = True
         self._root_depth += 1
         return top and not self._eval_call
@@ -199,7 +204,7 @@ class Forward:
         for a layer returning the very output just reduced: a model with parameters of
         its own returning its last layer's output, an identity)."""
         if _is_compiling():
-            self.compiled_seen = True
+            self.compiled_seen = self.compiled_seen or not _is_exporting()
             return
         if _transformed():
             self.transformed_seen = True

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
+import numpy as np
 import torch
 
 from ..trace.columns import BOUNDED_LOGITS, SIGMOID_TWICE, SOFTMAX_TWICE
@@ -81,17 +82,67 @@ def chance(root: object) -> float:
     """ln(C), the loss of a uniform guess among C classes, where the loss `backward()` is
     called on is itself a mean cross-entropy (a negative log-likelihood of a
     log-softmax over C classes): what a model that learns nothing from its inputs
-    stays at (`loss_chance`). NaN for any other loss (a sum of terms, a scaled one)."""
+    stays at (`loss_chance`) where the classes are balanced. NaN for any other loss (a
+    sum of terms, a scaled one)."""
+    classes = _classes(root)
+    return math.log(classes) if classes >= 2 else math.nan
+
+
+def _classes(root: object) -> int:
+    """C where `root` is a mean cross-entropy over C classes (`chance`), else 0."""
     if _name(root) not in _NLL or getattr(root, "_saved_reduction", None) != _MEAN:
-        return math.nan
+        return 0
     made = _input_node(root)
     if made is None or _name(made) != "LogSoftmaxBackward0":
-        return math.nan
+        return 0
     result, dim = getattr(made, "_saved_result", None), getattr(made, "_saved_dim", None)
     if not isinstance(result, torch.Tensor) or not isinstance(dim, int) or result.dim() == 0:
+        return 0
+    return int(result.shape[dim])
+
+
+def labels(root: object) -> tuple[torch.Tensor, int] | None:
+    """How many of the step's labels each class has (C counts, on the labels' device, in
+    ops that never wait for it: read with the step's other numbers), and C, where `root`
+    is a mean cross-entropy of class labels without class weights (`chance`); None
+    otherwise. Labels set to its `ignore_index` are not counted."""
+    classes = _classes(root)
+    target = getattr(root, "_saved_target", None)
+    if classes < 2 or getattr(root, "_saved_weight", None) is not None \
+            or not isinstance(target, torch.Tensor) or target.is_floating_point():
+        return None
+    flat = target.reshape(-1).long()
+    ignore = getattr(root, "_saved_ignore_index", None)
+    if isinstance(ignore, int):  # (an unsigned 64-bit on the node: -100 reads 2**64 - 100)
+        ignore = ignore - (1 << 64) if ignore >= 1 << 63 else ignore
+        flat = torch.where(flat == ignore, classes, flat)  # counted apart, then dropped
+    counts = torch.zeros(classes + 1, dtype=torch.float32, device=flat.device)  # (exact below 2**24)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=counts.dtype))
+    return counts[:classes], classes
+
+
+BALANCED_Z = 3.09
+"""Labels count as drawn from balanced classes unless a chi-square test of their counts
+says otherwise at this many standard deviations (one time in a thousand): a hundred
+labels of two balanced classes split 60/40 now and then, and chance stays ln 2 there."""
+
+
+def chance_level(counts: np.ndarray) -> float:
+    """The loss a model that learns nothing from its inputs settles at, given how many
+    labels of each class were seen (`counts`): it predicts the classes' frequencies, and
+    its loss is their entropy (nats). Where the counts may come from balanced classes
+    (`BALANCED_Z`), ln C exactly; NaN where none were counted."""
+    total = float(counts.sum())
+    classes = len(counts)
+    if total <= 0 or classes < 2:
         return math.nan
-    classes = result.shape[dim]
-    return math.log(classes) if classes >= 2 else math.nan
+    expected = total / classes
+    chi2 = float(((counts - expected) ** 2).sum() / expected)
+    k = classes - 1  # (the chi-square's quantile at `BALANCED_Z`: Wilson and Hilferty)
+    if chi2 <= k * (1 - 2 / (9 * k) + BALANCED_Z * math.sqrt(2 / (9 * k))) ** 3:
+        return math.log(classes)
+    p = counts[counts > 0] / total
+    return float(-(p * np.log(p)).sum())
 
 
 def _broadcast(node: object) -> float:

@@ -165,15 +165,19 @@ def with_closure(args: tuple, kwargs: dict, ran: Callable[[], None]
 
 def learning_rate(opt: torch.optim.Optimizer | None,
                   sc: reductions.Scalars) -> tuple[float, int]:
-    """The step's learning rate, the first parameter group's: (its value, -1) where it is
-    a number, (NaN, its position on `sc`) where it is a tensor (a scheduler's on a
+    """The step's learning rate, the largest of its parameter groups' (a head trained
+    faster than its backbone, a group whose rate a scheduler raised: the rate that moves
+    weights most, which a change is read on): (its value, -1) where they are numbers,
+    (NaN, the first group's position on `sc`) where it is a tensor (a scheduler's on a
     device), (NaN, -1) without an optimizer."""
     if opt is None or not opt.param_groups:
         return math.nan, -1
-    lr = opt.param_groups[0].get("lr", math.nan)
-    if isinstance(lr, torch.Tensor):
-        return math.nan, sc.add(lr.detach())
-    return float(lr), -1
+    lrs = [g.get("lr", math.nan) for g in opt.param_groups]
+    if isinstance(lrs[0], torch.Tensor):
+        return math.nan, sc.add(lrs[0].detach())
+    if len(lrs) > 1 and all(isinstance(lr, (int, float)) for lr in lrs):
+        return float(max(lrs)), -1
+    return float(lrs[0]), -1
 
 
 def missing_gradients(opt: torch.optim.Optimizer | None, backward_ran: bool, any_grad: bool,

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch.nn.modules import module as nn_module
 
 from .sampler import Sampler
 
@@ -28,11 +29,24 @@ call)."""
 _dispatch: list[float] = []
 
 
+DISPATCH_GUESS = 3e-6
+"""`dispatch_s` where it cannot be measured without the program hearing it: a few
+microseconds, PyTorch's cost of calling a hook on a CPU of these years."""
+
+
 def dispatch_s() -> float:
     """PyTorch's own cost of calling one forward hook (seconds), which no hook can time
     from inside: measured once per process, as the difference between calls of a small
     module with a forward hook that does nothing and without one (the least of three
-    rounds of 200 calls each, so a busy machine's pauses do not count)."""
+    rounds of 200 calls each, so a busy machine's pauses do not count). While global
+    module hooks are installed (a FLOP counter of the program's, a watch with no model)
+    they would hear those calls: `DISPATCH_GUESS` then, and the measurement waits for a
+    watch made without them."""
+    if not _dispatch and any((nn_module._global_forward_hooks,
+                              nn_module._global_forward_pre_hooks,
+                              nn_module._global_backward_hooks,
+                              nn_module._global_backward_pre_hooks)):
+        return DISPATCH_GUESS
     if not _dispatch:
         m, x = torch.nn.Identity(), torch.zeros(1)
 

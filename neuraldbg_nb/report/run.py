@@ -365,6 +365,10 @@ def load(path: str | Path) -> Run:
     not one (another tool's, cut short) ValueError, each saying which file and why."""
     npz, meta_path = saved_files(path)
     if not npz.is_file():
+        given = Path(path)
+        if given.is_file() and given != npz and given != meta_path:  # (notes.txt: no run)
+            raise ValueError(f"{given} is not a run saved by neuraldbg_nb (a saved run is a "
+                             f".npz file, with a .json beside it): {SAVE_HINT}")
         where = f"{npz} is a directory" if npz.is_dir() else f"no saved run at {npz}"
         raise FileNotFoundError(f"{where}: {SAVE_HINT}")
     try:

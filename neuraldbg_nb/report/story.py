@@ -30,14 +30,14 @@ def watched_nothing(run: Run) -> str | None:
     if run.status == "training" or (t.n_steps > 0 and t.n_layers > 0):
         return None
     if t.n_steps == 0 and run.status in ("raised", "interrupted", "exited"):
-        return (f"nothing was watched: the cell {run.status_text} before its first "
+        return (f"nothing was watched: the code {run.status_text} before its first "
                 "training step")
     if t.n_layers == 0 and t.n_steps > 0:
         steps = f"{t.n_steps} step{'s' * (t.n_steps != 1)}"
         return (f"nothing was watched: no layer of a model was found (watched no layer in "
-                f"{steps}; the watch reads the nn.Module the cell trains"
+                f"{steps}; the watch reads the nn.Module the code trains"
                 + ("; see the notes)" if run.notes else ")"))
-    return ("nothing was watched: the cell ran no training step (no backward() and "
+    return ("nothing was watched: the code ran no training step (no backward() and "
             "optimizer.step() of a torch model)")
 
 

@@ -87,6 +87,28 @@ def test_a_learning_rate_raised_before_the_failure_is_its_likely_cause(tmp_path)
                           f"a likely cause")
 
 
+def test_a_learning_rate_raised_in_one_parameter_group_is_its_likely_cause() -> None:
+    """A body and a head in two parameter groups at the same rate; only the head's is
+    raised 100x at step 40: its updates explode at once, and the move, read on the
+    largest of the groups' rates, is named as their likely cause."""
+    def two_groups(setup):
+        body = [p for m in list(setup.model)[:-1] for p in m.parameters()]
+        setup.make_opt = lambda m: torch.optim.SGD(
+            [{"params": body}, {"params": list(m)[-1].parameters()}], lr=0.05, momentum=0.9)
+
+        def hit(step, model, opt):
+            if step == S:
+                opt.param_groups[1]["lr"] *= 100
+        return {"on_step_start": hit}
+
+    run = trained(two_groups)
+    root = run.first_failure
+    assert root is not None and (root.kind, root.layer, root.step) == (
+        "exploding_update", "4", S), root
+    causes = [(c.kind, c.step, c.value) for c in run.likely_causes]
+    assert causes == [("lr_change", S, pytest.approx(5.0))], run.likely_causes
+
+
 def test_with_sampled_layer_hooks_the_raised_learning_rate_is_still_named() -> None:
     """Under the default sampled hooks the step after the move is hooked (the learning
     rate moved 30x), and the recent level a jump is judged against is read from the

@@ -82,6 +82,7 @@ def test_memory_benchmark_runs_in_quick_mode() -> None:
     assert "capture_mb=64" in out and "Trace bound" in out
 
 
+@pytest.mark.timed  # (its kernel's cells beside another test's run five times as long)
 def test_notebook_path_benchmark_runs_in_quick_mode() -> None:
     """A real kernel runs the cells plain, under `%%neuraldbg --no-panel` and with the live
     panel, beside the floors (the cell's own least reads among them); `watch()` runs in

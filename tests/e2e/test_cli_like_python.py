@@ -88,6 +88,24 @@ def test_a_script_that_changes_folder_finds_its_own_and_the_run_is_saved_where_a
     assert str(tmp_path / "kept.npz") in done.stderr
 
 
+def test_a_script_that_never_starts_is_said_as_python_says_it_and_keeps_the_last_run(
+        tmp_path):
+    """A script that does not compile, or a module that is not there: the error as
+    `python` gives it, exit code 1, and the run saved before at the same path stays (a
+    typo does not cost the last recorded run)."""
+    write(tmp_path, "main.py", TRAIN + "train()\n")
+    assert neuraldbg(tmp_path, "main.py").returncode == 0
+    before = (tmp_path / "out.npz").read_bytes()
+    write(tmp_path, "typo.py", "x = (\n")
+    done = neuraldbg(tmp_path, "typo.py")
+    assert done.returncode == 1 and "SyntaxError" in done.stderr, done.stderr
+    assert "typo.py" in done.stderr and "line 1" in done.stderr
+    done = neuraldbg(tmp_path, "-m", "no_such_module_here")
+    assert done.returncode == 1 and "No module named no_such_module_here" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "out.npz").read_bytes() == before
+
+
 def test_dash_m_runs_a_module_of_a_package_from_the_current_folder(tmp_path):
     write(tmp_path, "pkg/__init__.py", "")
     write(tmp_path, "pkg/helpers.py", TRAIN)

@@ -10,6 +10,7 @@ softmax), are quiet. Losses are the same with and without the watch."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -168,6 +169,45 @@ def test_a_model_that_learns_nothing_is_named_once_its_loss_held_at_chance(
     assert "C = 2 classes" in found[0].message and words in found[0].message
     first = run.first_failure
     assert first is not None and first.kind == "loss_at_chance", str(first)
+
+
+def _imbalanced_run(learnable: bool, steps: int = 80):
+    """Four classes, one of them 70% of the labels; fresh inputs at every step (nothing
+    to memorise). The labels follow the inputs (`learnable`) or are drawn apart from
+    them, under a `chance_steps` of 25."""
+    g = torch.Generator().manual_seed(5)
+    teacher = torch.randn(6, 4, generator=g)
+    model = _model(None, out=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with ndbg.watch(model, report=False, chance_steps=25) as run:
+        for _ in range(steps):
+            x = torch.randn(128, 6, generator=g)
+            if learnable:  # class 0 where no other class's score is high
+                scores = x @ teacher
+                y = torch.where(scores[:, 1:].max(1).values > 1.2, scores[:, 1:].argmax(1) + 1, 0)
+            else:
+                y = torch.multinomial(torch.tensor([0.7, 0.1, 0.1, 0.1]), 128,
+                                      replacement=True, generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return run
+
+
+def test_labels_apart_from_inputs_with_one_class_most_of_them_are_at_chance():
+    """A model that learns nothing predicts the classes' frequencies: its loss settles
+    at their entropy (0.94 for 70/10/10/10), well under ln 4, which is where it is
+    named; the sentence says chance is that level. Labels the inputs decide, with the
+    same imbalance, leave it and stay quiet."""
+    run = _imbalanced_run(learnable=False)
+    found = [e for e in run.events if e.kind == "loss_at_chance"]
+    assert [e.severity for e in found] == ["warning", "error"], [str(e) for e in run.events]
+    assert "the classes are not balanced" in found[0].message
+    level = run.trace.scalar("loss_chance")
+    assert 0.85 < np.nanmedian(level) < 1.05 < math.log(4)
+    quiet = _imbalanced_run(learnable=True)
+    assert not [e for e in quiet.events if e.kind == "loss_at_chance"], \
+        [str(e) for e in quiet.events]
 
 
 def test_a_model_that_learns_its_labels_leaves_chance_and_is_quiet():

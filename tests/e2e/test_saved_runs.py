@@ -158,6 +158,9 @@ def test_runs_named_with_dots_are_two_runs_and_bad_files_say_what_they_are(tmp_p
     assert ndbg.load(tmp_path / "run_lr0.001.json").trace.n_steps == 5  # its other file
     with pytest.raises(FileNotFoundError, match="no saved run at .*nowhere.npz: save one"):
         ndbg.load(tmp_path / "nowhere")
+    (tmp_path / "notes.txt").write_text("not a run")  # a file, but no run's name
+    with pytest.raises(ValueError, match="notes.txt is not a run saved by neuraldbg_nb"):
+        ndbg.load(tmp_path / "notes.txt")
     (tmp_path / "adir.npz").mkdir()
     with pytest.raises(FileNotFoundError, match="is a directory"):
         ndbg.load(tmp_path / "adir.npz")

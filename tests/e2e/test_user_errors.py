@@ -17,7 +17,7 @@ def test_watch_of_a_string_is_a_type_error_naming_the_fix():
     with pytest.raises(TypeError) as info:
         ndbg.watch("not a model")
     msg = str(info.value)
-    assert "nn.Module" in msg and "str" in msg
+    assert "nn.Module" in msg and "got str for 'model'" in msg  # (not its first letter)
     assert "Pass the model" in msg
     assert leftover_global_hooks() == []
 
@@ -60,6 +60,11 @@ def test_a_whole_number_given_as_a_float_is_a_count_and_other_kinds_are_refused(
         ndbg.watch(model, jump="abc")
     with pytest.raises(TypeError, match="Thresholds.window is a number"):
         ndbg.watch(model, window=True)
+    with pytest.raises(ValueError, match="sample_every is a whole number"):
+        ndbg.watch(model, sample_every=2.5)
+    with pytest.raises(TypeError, match="sample_every is a number"):
+        ndbg.watch(model, sample_every="10")
+    assert ndbg.watch(model, sample_every=5.0).options.sample_every == 5
     setup = mlp()
     with ndbg.watch(setup.model, report=False, window=20.0) as run:
         train(setup, 30)

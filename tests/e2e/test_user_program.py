@@ -2,7 +2,8 @@
 and deep-copies inside the watch, the copies carry no hooks and train as the original
 would; `torch.compile` under a watch with no model gives no torch warning; layers called
 through `layer.forward(x)` (forward-forward training) are said to be unseen instead of
-being reported healthy; `torch.jit.trace` inside the watch records the model's own graph."""
+being reported healthy; `torch.jit.trace`, `torch.jit.script` and `torch.export` inside
+the watch make the model's own graph."""
 
 from __future__ import annotations
 
@@ -142,6 +143,54 @@ def test_a_model_traced_inside_a_watch_traces_the_models_own_graph(given):
                 [n.kind() for n in torch.jit.trace(m, x).inlined_graph.nodes()]))
     assert kinds and all(k == plain for k in kinds), (kinds[0], plain)
     assert run.trace.n_steps == 12 and hooks(model) == 0
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.* is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("given", [True, False], ids=["model given", "no model"])
+def test_a_model_scripted_inside_a_watch_scripts_as_unwatched(given):
+    """`torch.jit.script` of the watched model inside the watch compiles the model alone
+    (the watch's hooks are Python it cannot compile; set aside meanwhile): the scripted
+    module computes what the model does, with a hook of the program's own kept, and
+    `torch.jit.script` is PyTorch's again after the block."""
+    original = torch.jit.script
+    x = torch.randn(4, 8)
+    model = mlp()
+
+    def doubled(m: nn.Module, args: tuple[torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        return y * 2
+
+    model[2].register_forward_hook(doubled)  # the program's own, scriptable
+    same = []
+
+    def script(step, m):
+        if step in (2, 3):
+            scripted = torch.jit.script(m)
+            with torch.no_grad():
+                same.append(torch.equal(scripted(x), m(x)))
+
+    with ndbg.watch(model if given else None, report=False) as run:
+        train(model, 8, on_step=script)
+    assert same == [True, True]
+    assert run.trace.n_steps == 8 and torch.jit.script is original
+
+
+def test_a_model_exported_inside_a_watch_exports_the_models_own_graph():
+    """`torch.export.export` inside the watch: the watch's hooks do nothing while it
+    traces, so the exported program holds the model's own ops, the watch goes on
+    watching (no engine error), and no compiled training is said to go unwatched."""
+    x = torch.randn(4, 8)
+
+    def ops(program):
+        return [n.target for n in program.graph.nodes if n.op == "call_function"]
+
+    plain = ops(torch.export.export(mlp(), (x,)))
+    model = mlp()
+    exported = []
+    with ndbg.watch(model, report=False) as run:
+        train(model, 8, on_step=lambda step, m: exported.append(
+            ops(torch.export.export(m, (x,)))) if step in (2, 3) else None)
+    assert exported == [plain, plain]
+    assert run.trace.n_steps == 8 and not run.notes, run.notes
 
 
 def test_a_backward_wrapper_the_program_installs_inside_a_watch_stays_after_it():

@@ -12,6 +12,7 @@ import torch
 from models import mlp, train
 
 import neuraldbg_nb as ndbg
+from neuraldbg_nb.detect.detection import Detection
 from neuraldbg_nb.notebook.panel import Panel
 from neuraldbg_nb.record import reductions
 from neuraldbg_nb.record.slices import Slices
@@ -111,6 +112,31 @@ def test_strict_mode_raises_the_engines_error_and_still_removes_every_hook(
     with pytest.raises(InjectedBug), ndbg.watch(setup.model, report=False) as run:
         train(setup, 20, on_step_start=arm)
     assert run.status == "raised" and _module_hooks(setup.model) == 0
+
+
+def test_an_engine_error_at_the_end_of_the_block_still_prints_the_story(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The last scan fails when the block ends (a bug in detection): a watch that prints
+    its story (a script's, `report=True`) still prints it, with the error's note."""
+    monkeypatch.delenv("NEURALDBG_STRICT")
+    setup = mlp()
+    real = Detection.advance
+    ending = {"on": False}
+
+    def advance(self, trace):
+        if ending["on"]:
+            raise InjectedBug("injected bug at the end")
+        return real(self, trace)
+
+    monkeypatch.setattr(Detection, "advance", advance)
+    with pytest.warns(RuntimeWarning, match="the end of the block"):  # noqa: PT031, SIM117
+        with ndbg.watch(setup.model, report=True) as run:
+            train(setup, 12)
+            ending["on"] = True
+    err = capsys.readouterr().err
+    assert run.trace.n_steps == 12
+    assert "neuraldbg stopped watching" in err and "injected bug at the end" in err
+    assert str(run).strip() in err
 
 
 def test_stop_on_error_still_stops_the_training(monkeypatch: pytest.MonkeyPatch) -> None:

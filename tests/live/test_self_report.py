@@ -12,6 +12,7 @@ from torch import nn
 
 import neuraldbg_nb as nd
 from neuraldbg_nb.live.selfcost import SETTLED, STEADY, WARMUP, SelfCost
+from neuraldbg_nb.record import timing
 from neuraldbg_nb.record.sampler import is_reference_step
 from neuraldbg_nb.record.timing import dispatch_s
 
@@ -70,9 +71,19 @@ def test_a_short_run_says_nothing_in_print():
     assert "own time" not in str(run)
 
 
-def test_hook_dispatch_is_measured():
+def test_hook_dispatch_is_measured_without_the_programs_global_hooks_hearing_it(monkeypatch):
+    """Measured once per process; while a global module hook of the program's is
+    installed (a FLOP counter), it is not measured (the hook would hear its calls)."""
+    monkeypatch.setattr(timing, "_dispatch", [])
+    heard: list[int] = []
+    h = nn.modules.module.register_module_forward_hook(lambda m, a, y: heard.append(1))
+    try:
+        assert dispatch_s() == timing.DISPATCH_GUESS and not timing._dispatch
+    finally:
+        h.remove()
+    assert not heard
     assert 0.0 <= dispatch_s() < 1e-3  # a few microseconds, measured once
-    assert dispatch_s() == dispatch_s()
+    assert dispatch_s() == dispatch_s() and len(timing._dispatch) == 1
 
 
 @pytest.mark.timed
