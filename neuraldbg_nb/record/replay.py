@@ -25,8 +25,9 @@ where the training left it. Its numbers are not used where a call's output diffe
 the one the training got (`output_seen`, `same_output`): a forward that reads state the
 loop changed after it (a flag set after `backward()`), draws random numbers outside
 torch's generators (Python's `random`, numpy's), or whose hooks change what it computes
-ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's module) is looked through: the
-module inside it is replayed (`discovery.unwrapped`), so no collective runs.
+ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's
+module) is looked through: the module inside it is replayed (`discovery.unwrapped`), so
+no collective runs.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def _has(device_type: str) -> bool:
     return device_type == "cpu" or (device_type == "cuda" and torch.cuda.is_initialized())
 
 
+_PLAIN = (int, float, str, bytes, type(None))
+"""Arguments that are no random generator, told at once (a list of lengths)."""
+
+
 def _arguments(args: tuple, kwargs: dict
                ) -> tuple[list[torch.Tensor], list[tuple[Any, Any]]]:
     """The tensors among the call's arguments, one level into lists, tuples and dicts;
@@ -75,7 +80,7 @@ def _arguments(args: tuple, kwargs: dict
         for x in items:
             if isinstance(x, torch.Tensor):
                 tensors.append(x)
-            elif (state := generator_state(x)) is not None:
+            elif not isinstance(x, _PLAIN) and (state := generator_state(x)) is not None:
                 generators.append((x, state))
     return tensors, generators
 
