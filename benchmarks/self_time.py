@@ -2,6 +2,7 @@
 
     python benchmarks/self_time.py              # all models, default and gradients only
     python benchmarks/self_time.py --models mlp,deep --steps 100 --markdown
+    python benchmarks/self_time.py --models nb-cnn,nb-mlp121   # the notebook's models
     python benchmarks/self_time.py --quick      # CI: one model, a few steps
 
 `overhead.py` times whole steps, watched against plain; on a shared machine its ratios
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # the notebook models too
 import overhead as ob  # the same models and training step
 
 import neuraldbg_nb
@@ -142,8 +144,12 @@ def plain_steps(b: ob.Bench, n: int, into: list[float]) -> None:
         into.append(time.thread_time() - t)
 
 
+CHOICES = [*ob.MODELS, *compare.NOTEBOOK_MODELS]
+"""`overhead.py`'s models and the notebook's (`compare.NOTEBOOK_MODELS`)."""
+
+
 def measure(key: str, mode: dict[str, Any], steps: int, warmup: int, meter: Meter) -> Result:
-    b = ob.MODELS[key]()
+    b = compare.fresh(key)
     for _ in range(3):
         ob.step(b)
     plain: list[float] = []
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short run for CI (MLP, 12 steps)")
-    ap.add_argument("--models", help=f"comma-separated, from {','.join(ob.MODELS)} "
+    ap.add_argument("--models", help=f"comma-separated, from {','.join(CHOICES)} "
                                      f"(default: {','.join(ob.DEFAULT_MODELS)}; quick: mlp)")
     ap.add_argument("--steps", type=int, help="measured steps (default 140, quick 12)")
     ap.add_argument("--warmup", type=int,
@@ -201,9 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     keys = [k.strip() for k in (args.models or ("mlp" if args.quick else ",".join(ob.DEFAULT_MODELS)))
             .split(",") if k.strip()]
-    unknown = [k for k in keys if k not in ob.MODELS]
+    unknown = [k for k in keys if k not in CHOICES]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(ob.MODELS)}")
+        ap.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(CHOICES)}")
     steps = args.steps or (12 if args.quick else 140)
     warmup = args.warmup if args.warmup is not None else (2 if args.quick else 10)
     if steps < 1 or warmup < 0:

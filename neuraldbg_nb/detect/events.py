@@ -31,6 +31,7 @@ class Kind(str, enum.Enum):
     STEP_REPEATED = "step_repeated"
     NOT_IN_OPTIMIZER = "not_in_optimizer"
     CUT_OFF = "cut_off"
+    OPTIMIZER_REMADE = "optimizer_remade"
     RECOVERY = "recovery"
 
     def __str__(self) -> str:

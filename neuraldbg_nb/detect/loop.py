@@ -23,6 +23,13 @@
   numbers at all. The probe tells it (`grads_missing`); an error. So is every gradient
   exactly 0 at the step (`trace.ZEROED`: zeroed in place, clipped to a norm of 0) where
   the loss is not 0, which an exact fit's is.
+- A loop that builds its optimizer inside the loop makes a new one at every step: its
+  state starts over each time (Adam's running averages, SGD's momentum), so every update
+  is a first one (Adam's: the learning rate times the gradient's sign), and a scheduler
+  built for the first optimizer no longer moves the rate. The probe tells a step whose
+  optimizer, of a kind that keeps state, stepped for the first time with none
+  (`opt_fresh`); two such steps in a row after the first are a warning, dated from the
+  first of them. An optimizer made anew once an epoch is not judged.
 """
 
 from __future__ import annotations
@@ -71,6 +78,23 @@ def _missing_message(name: str, step: int, v: float, previous: float, severity: 
             f"the loss does not depend on the model (its output detached)")
 
 
+def _remade_message(name: str, step: int, v: float, previous: float, severity: str) -> str:
+    return (f"the optimizer is made anew at every step from step {step} (built inside the "
+            f"loop): its state starts over each time (Adam's running averages, SGD's "
+            f"momentum), so every update is a first one (Adam's: the learning rate times "
+            f"the gradient's sign), and a scheduler built for the first optimizer no longer "
+            f"moves the rate. Build the optimizer once, before the loop")
+
+
+def _remade(fresh: np.ndarray) -> np.ndarray:
+    """Rows whose step, and the step before, each began a fresh optimizer (`opt_fresh`):
+    one made anew, not the run's first; NaN where either is not recorded."""
+    before = np.concatenate([[np.nan], fresh[:-1]])
+    out = ((fresh > 0) & (before > 0)).astype(np.float64)
+    out[np.isnan(fresh) | np.isnan(before)] = np.nan
+    return out
+
+
 def _codes(values: np.ndarray, code: int) -> np.ndarray:
     """`code` where a count or flag is above 0, OK at 0, HOLD where not measured."""
     return grade(~np.isnan(values), (values > 0, code))
@@ -106,6 +130,7 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
     repeated[np.isnan(carried)] = np.nan
     carried = np.where(carried == REAPPLIED, 0.0, carried)
     missing = trace.scalar("grads_missing", lo, stop)[:, None].copy()
+    remade = _remade(trace.scalar("opt_fresh", lo, stop))[:, None]
     # gradients all exactly 0 at an exact fit (a loss of 0): nothing is left to learn
     missing[(missing[:, 0] == ZEROED) & (trace.scalar("loss", lo, stop) == 0)] = 0.0
     return [
@@ -129,4 +154,8 @@ def findings(trace: Trace, lo: int, stop: int, th: Thresholds) -> list[Finding]:
                 per_layer=False, patience=2, message=_missing_message,
                 recovery=lambda name, s, v, p, sev: f"gradients reach the weights again at "
                                                     f"step {s}"),
+        Finding("optimizer_remade", "optimizer", _codes(remade, WARNING), remade,
+                per_layer=False, patience=2, message=_remade_message,
+                recovery=lambda name, s, v, p, sev: f"the optimizer keeps its state again "
+                                                    f"from step {s}"),
     ]

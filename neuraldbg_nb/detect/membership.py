@@ -27,9 +27,12 @@ the optimizer was built; the layer's whole model is held by no optimizer."""
 MODEL_CUT = 2.0
 UNUSED = 3.0
 FROZEN = 4.0
+DETACHED = 5.0
 """`grad_cut`'s values besides 1 (`record.membership`): no layer of the model got a
 gradient; a layer before it in its model did (an output the loss does not use); its
-weights are frozen, though an optimizer holds them (`gradients._frozen` says it)."""
+weights are frozen, though an optimizer holds them (`gradients._frozen` says it); a layer
+before it did, and its output changes the model's output (the step replayed with it
+changed), so it enters it only detached."""
 
 
 def _message(name: str, step: int, v: float, previous: float, severity: str) -> str:
@@ -72,6 +75,10 @@ def _cut_message(name: str, step: int, v: float, previous: float, severity: str)
     where = ("no layer of its model gets a gradient: its output enters the loss only "
              "detached (a generator trained on fake.detach()), or its gradients are "
              "cleared between backward() and its optimizer's step" if v == MODEL_CUT else
+             "its output is used (the step replayed with it changed gives another model "
+             "output), yet no gradient comes back through it: a .detach() (or .item(), "
+             ".numpy(), a no_grad block) stands between it and the loss, as in a residual "
+             "branch added as h + block(h).detach()" if v == DETACHED else
              "layers after it get one: a .detach() (or .item(), .numpy(), a no_grad "
              "block) stands between it and the loss")
     return (f"{name} is cut off from the loss: it runs, is trainable and held by an "

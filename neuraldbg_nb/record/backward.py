@@ -33,6 +33,7 @@ class Backwards:
         self._labels: np.ndarray | None = None  # each class's labels on the sampled steps
         self._label_pos = -1  # the step's label counts on `sc` (`loss_form.labels`)
         self._classes = 0
+        self._per_sample = False  # the labels counted are one per sample
         self.accumulated = False
         """The loop scales its losses for gradient accumulation (a framework does):
         the step's loss is their sum (`step_row.loss`)."""
@@ -69,6 +70,7 @@ class Backwards:
             if found is not None:
                 self._label_pos = self._sc.add_row(found[0])
                 self._classes = found[1]
+                self._per_sample = loss_form.per_sample(node)
         self._heard.append(self._sc.add(root.detach() if loss is None else loss))
         if self._scales.scale is not None:
             self._trail.heard(self._scales.scale, self._sc)
@@ -107,7 +109,9 @@ class Backwards:
         read from the labels of every sampled step so far (`loss_form.chance_level`):
         ln C for balanced classes, less where one class is most of the labels, which a
         model that learns nothing from its inputs reaches by predicting the
-        frequencies."""
+        frequencies; and, for labels one per sample (`loss_form.per_sample`), the class
+        most of the step's are and its share (`label_top`, `label_share`, `label_n`,
+        `label_classes`)."""
         form = self.form
         pos = self._label_pos
         chance = form.get("loss_chance", math.nan)
@@ -118,7 +122,13 @@ class Backwards:
             self._labels = np.zeros(len(counts))
         self._labels += counts
         level = loss_form.chance_level(self._labels)
-        return {**form, "loss_chance": level if math.isfinite(level) else chance}
+        read = {**form, "loss_chance": level if math.isfinite(level) else chance}
+        total = float(counts.sum())
+        if self._per_sample and total > 0:
+            top = int(counts.argmax())
+            read.update(label_top=float(top), label_share=float(counts[top]) / total,
+                        label_n=total, label_classes=float(len(counts)))
+        return read
 
     def loss(self, v: list[float]) -> float:
         """After the transfer `v`: the step's loss (`step_row.loss`)."""

@@ -11,6 +11,7 @@ row of the step it ended, one step late (`WeightProbe.record`). Then the watch i
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,6 +160,7 @@ class Boundary:
         replaced = False
         membership = self._steps.membership
         anew, membership.new_optimizer = membership.new_optimizer, False
+        fresh, membership.fresh_optimizer = membership.fresh_optimizer, False
         if self._rescans.due(step, len(with_grad), anew):
             version = self._models.version
             new = self._models.rescan()
@@ -204,7 +206,8 @@ class Boundary:
         if unheld is not None:  # (`Membership`: weights with gradients no optimizer holds)
             row["grad_unheld"] = unheld
             cut = self._steps.membership.cut(self._models, norms[0], self._backwards.any_heard,
-                                             every_weight=len(with_grad) == len(params))
+                                             every_weight=len(with_grad) == len(params),
+                                             reaches=functools.partial(self._reaches, norms[0]))
             if cut is not None:  # (held weights that got no gradient)
                 row["grad_cut"] = cut
         self._weights.record(trace, step - 1, norms[1:1 + len(weight_parts)], v)
@@ -220,6 +223,7 @@ class Boundary:
                    "eval_layers": eval_layers if eval_layers >= 0 else math.nan,
                    "grad_carried": self._backwards.carried(opt, params, v),
                    "grads_missing": missing,
+                   "opt_fresh": float(fresh),
                    "others_carried": self._backwards.others.resolve(v),
                    **self._backwards.read_form(v)}
         if self._steps.input_trained:  # (`StepOwner.input_trained`)
@@ -287,6 +291,31 @@ class Boundary:
                 cut=cut):
             return True
         return edited_by is not None and edited(edited_by)
+
+    def _reaches(self, grads: np.ndarray, layers: list[int]) -> list[bool | None]:
+        """Whether the outputs of `layers` make the model's output what it is
+        (`replay.Replay.reaches`), the step's forward replayed with the layer hooks off;
+        None for a layer it cannot tell (no replay). Not asked, and None, for a layer
+        whose own layers got a gradient (`grads`, the step's norms): its output carries
+        one back, so its own weights are left unused (a parameter the forward never
+        reads), not detached."""
+        replay, forward, candidates = self._replay, self._forward, self._models.candidates
+        found = [c for c in candidates.values() if c.index in layers]
+        asked = [c for c in found if not any(
+            (d := candidates.get(id(m))) is not None and 0 <= d.index < len(grads)
+            and not math.isnan(grads[d.index]) for m in c.module.modules() if m is not c.module)]
+        if replay is None or not replay.calls or not asked:
+            return [None] * len(layers)
+        if self._set_hooks is not None:
+            self._set_hooks(False)
+        evaluated = forward.eval_seen  # (layer hooks left on hear no training call)
+        try:
+            told = dict(zip((c.index for c in asked), replay.reaches([c.module for c in asked])))
+        finally:
+            forward.eval_seen = evaluated
+            if self._set_hooks is not None:
+                self._set_hooks(self.hooked)
+        return [told.get(i) for i in layers]
 
     def _replayed(self, n: int) -> dict[str, np.ndarray] | None:
         """The step's forward replayed with the layer hooks on (`replay.Replay.run`): its

@@ -121,6 +121,13 @@ def labels(root: object) -> tuple[torch.Tensor, int] | None:
     return counts[:classes], classes
 
 
+def per_sample(root: object) -> bool:
+    """Whether cross-entropy `root` (`labels`) takes one class label per sample, not one per
+    position of a map (`nll_loss2d`: a segmentation's pixels, most of a batch's of one
+    class by nature)."""
+    return _name(root) == "NllLossBackward0"
+
+
 BALANCED_Z = 3.09
 """Labels count as drawn from balanced classes unless a chi-square test of their counts
 says otherwise at this many standard deviations (one time in a thousand): a hundred

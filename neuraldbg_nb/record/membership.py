@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import math
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -43,10 +44,24 @@ FROZEN = 4.0
 """`grad_cut` of a layer held by an optimizer whose weights are all frozen
 (`requires_grad` off): it cannot train, by design (a frozen backbone handed to the
 optimizer with the rest) or by mistake."""
+DETACHED = 5.0
+"""`grad_cut` of a layer that would be `UNUSED` but whose output changes the model's
+output (`replay.Replay.reaches`): it enters it only detached (a residual branch added as
+`h + block(h).detach()`), so its weights never train."""
+REACH_TESTS = 16
+"""Layers whose output is replayed changed (`Membership.cut`'s `reaches`) at one step at
+most; the others are asked at the next steps."""
 UNTRAINED_MODEL = 3.0
 """`grad_unheld` of a layer of a watched model none of whose weights any optimizer holds (a
 perceptual-loss network or a teacher left trainable): its gradients are computed for
 nothing, but no training is broken."""
+
+
+def keeps_state(opt: torch.optim.Optimizer) -> bool:
+    """Whether `opt` keeps state from one step to the next (Adam's running averages,
+    SGD's momentum buffers): every optimizer but SGD without momentum."""
+    return not isinstance(opt, torch.optim.SGD) or any(
+        g.get("momentum", 0) for g in opt.param_groups)
 
 
 class Membership:
@@ -66,6 +81,12 @@ class Membership:
         self._held_by_layer: dict[int, list[nn.Parameter]] = {}
         self._root_of: np.ndarray = np.zeros(0, np.int64)  # each layer's model, -1: none
         self._graded: set[int] = set()  # layers with a gradient at another optimizer's step
+        self._reach: dict[int, bool | None] = {}  # layer -> whether its output is used
+        self.fresh_optimizer = False
+        """The primary optimizer, of a kind that keeps state between its steps
+        (`keeps_state`), stepped for the first time with none yet: one made anew
+        (`StepOwner.before_step`). The step boundary that reads it sets it back
+        (`opt_fresh`)."""
         self.new_optimizer = False
         """An optimizer stepped for the first time (`saw`); the step boundary that reads
         it sets it back. A loop that builds an optimizer anew has often just replaced a
@@ -73,11 +94,13 @@ class Membership:
         for it (`boundary.Rescans`) before the old layer, which no optimizer holds now,
         is judged."""
 
-    def saw(self, opt: torch.optim.Optimizer) -> None:
-        """An optimizer stepped."""
-        if opt not in self._opts:
-            self._opts.add(opt)
-            self.new_optimizer = True
+    def saw(self, opt: torch.optim.Optimizer) -> bool:
+        """An optimizer stepped; whether for the first time."""
+        if opt in self._opts:
+            return False
+        self._opts.add(opt)
+        self.new_optimizer = True
+        return True
 
     def column(self, models: Models, n: int) -> np.ndarray | None:
         """The step's `grad_unheld` per layer (`UNHELD`, `REPLACED`, `UNTRAINED_MODEL`; 0
@@ -120,14 +143,19 @@ class Membership:
                     self._graded.add(i)
 
     def cut(self, models: Models, grad_norm: np.ndarray, backward_ran: bool,
-            every_weight: bool = False) -> np.ndarray | None:
-        """The step's `grad_cut` per layer (`CUT`, `MODEL_CUT`, `UNUSED`, `FROZEN`; 0 for the other
-        layers with weights an optimizer holds, NaN for the rest), from the step's
-        gradient norms (NaN: no gradient) and the layers that had one at another
-        optimizer's step; None where it cannot be told (no backward, no optimizer, or
-        no layer had a gradient: `no_gradients`). Only layers without a gradient are
-        looked at, one by one. `every_weight`: every watched weight has a gradient this
-        step, so no layer lacks one (the usual step, told without reading the norms)."""
+            every_weight: bool = False,
+            reaches: Callable[[list[int]], list[bool | None]] | None = None
+            ) -> np.ndarray | None:
+        """The step's `grad_cut` per layer (`CUT`, `MODEL_CUT`, `UNUSED`, `DETACHED`,
+        `FROZEN`; 0 for the other layers with weights an optimizer holds, NaN for the
+        rest), from the step's gradient norms (NaN: no gradient) and the layers that had
+        one at another optimizer's step; None where it cannot be told (no backward, no
+        optimizer, or no layer had a gradient: `no_gradients`). Only layers without a
+        gradient are looked at, one by one. `every_weight`: every watched weight has a
+        gradient this step, so no layer lacks one (the usual step, told without reading
+        the norms). `reaches`: whether the outputs of the given layers make the model's
+        output what it is (`replay.Replay.reaches`), asked once per layer that would be
+        `UNUSED` (`REACH_TESTS` at a step at most): where it does, it is `DETACHED`."""
         graded, self._graded = self._graded, set()
         n = len(grad_norm)
         if not backward_ran or not self._opts or len(self._base) != n:
@@ -144,6 +172,7 @@ class Membership:
         if not has.any():
             return None
         out = held.copy()
+        untold: list[int] = []  # layers that would be `UNUSED`, not yet replayed changed
         for i in np.flatnonzero(missing).tolist():
             if i in graded:
                 continue
@@ -153,8 +182,18 @@ class Membership:
             mates = has & (self._root_of == self._root_of[i])
             if not mates.any():
                 out[i] = MODEL_CUT
+            elif i < int(np.argmax(mates)):
+                out[i] = CUT
             else:
-                out[i] = CUT if i < int(np.argmax(mates)) else UNUSED
+                out[i] = DETACHED if self._reach.get(i) else UNUSED
+                if i not in self._reach:
+                    untold.append(i)
+        if untold and reaches is not None:
+            untold = untold[:REACH_TESTS]
+            for i, used in zip(untold, reaches(untold)):
+                self._reach[i] = used
+                if used:
+                    out[i] = DETACHED
         return out
 
     def _refresh(self, models: Models, n: int) -> None:
@@ -165,6 +204,7 @@ class Membership:
         if key == self._key:
             return
         self._key, self._looked, self._asked = key, False, False
+        self._reach = {}  # (a layer may be another one now)
         held = {id(p) for o in opts for g in o.param_groups for p in g["params"]}
         mine = {id(p) for _, p, _ in params}
         self._unheld = [(p, i) for _, p, i in params if id(p) not in held]

@@ -28,6 +28,10 @@ torch's generators (Python's `random`, numpy's), or whose hooks change what it c
 ran another way the second time. A wrapper (DistributedDataParallel, torch.compile's
 module) is looked through: the module inside it is replayed (`discovery.unwrapped`), so
 no collective runs.
+
+The same replay, with a layer's output replaced, tells whether that output makes the
+model's output what it is (`Replay.reaches`): asked once for a layer that gets no gradient
+while layers before it do, to tell an output added detached from one left unused.
 """
 
 from __future__ import annotations
@@ -262,46 +266,23 @@ class Replay:
         False (and `refused` set once) where it cannot be exact (`refusal`) or its
         forward raises when run again. The RNG states and every buffer of the replayed
         models are as they were before it, whatever happened."""
-        why = self.refusal()
-        if why is not None:
-            if self.refused is None:
-                self.refused = why
-            return False
-        modules = list({id(m): m for m in (c.module for c in self.calls)}.values())
+        wases = [c.fingerprint() for c in self.calls]  # (before the forward runs again)
         pairs: list[tuple[Seen, Seen | None]] = []  # (the training's, the replay's)
-        saved = Saved(modules, [g for c in self.calls for g, _ in c.generators])
-        unhooked = Unhooked(modules, self._own, self._names)
-        self.active = True
-        try:
-            with unhooked, saved, torch.no_grad():
-                arm()
-                for c in self.calls:
-                    set_rng_state(c.rng)
-                    for g, state in c.generators:
-                        set_generator_state(g, state)
-                    was = c.fingerprint()
-                    with _autocast(c.autocast):
-                        out = c.module(*c.args, **c.kwargs)
-                    if was is not None:
-                        pairs.append((was, output_seen(checked(out))))
-                    elif c.spare is not None and c.spare[1]._version == c.spare[2]:
-                        k, spare, _ = c.spare
-                        again = tensors_in(out)
-                        seen = output_seen(checked(spare))
-                        if seen is not None:
-                            pairs.append((seen, output_seen(checked(again[k]))
-                                          if k < len(again) else None))
-        except Exception as exc:  # noqa: BLE001 (a forward that cannot run twice: not the training's error)
-            if self.refused is None:
-                self.refused = f"its forward raised {type(exc).__name__} when run again"
-            return False
-        finally:
-            disarm()
-            self.active = False
-        if saved.changed:  # (plain tensors too large to copy before it)
-            if self.refused is None:
-                self.refused = (f"its forward changed {', '.join(saved.changed)} in place "
-                                f"when run again, more than a replay copies to put back")
+
+        def compare(k: int, c: Call, out: object) -> None:
+            was = wases[k]
+            if was is not None:
+                pairs.append((was, output_seen(checked(out))))
+            elif c.spare is not None and c.spare[1]._version == c.spare[2]:
+                at, spare, _ = c.spare
+                again = tensors_in(out)
+                seen = output_seen(checked(spare))
+                if seen is not None:
+                    pairs.append((seen, output_seen(checked(again[at]))
+                                  if at < len(again) else None))
+
+        unhooked = self._again(arm, disarm, compare, note=True)
+        if unhooked is None:
             return False
         if not all(same_output(was, now) for was, now in pairs):
             if self.refused is None and unhooked.skipped is not None:
@@ -317,6 +298,93 @@ class Replay:
             return False
         self.replays += 1
         return True
+
+    def reaches(self, modules: Sequence[nn.Module]) -> list[bool | None]:
+        """Whether each of `modules` (layers of the step's models) makes the step's
+        outputs what they are: the step's calls replayed as they ran, then with the
+        outputs of all of `modules` replaced (`Replaced`), then, where those outputs
+        moved, with each one's alone, then as they ran again. True where the outputs of
+        a module's replay differ from the two plain ones, which agree; False where they
+        do not differ (all of them, where replacing all of them moved nothing); None
+        where it cannot be told (a replay refused or raising, plain replays that
+        disagree, an output no tensor of which is fingerprinted, a module whose output
+        cannot be replaced). It tells an output that enters the model's output only
+        detached (`h + block(h).detach()`, whose weights get no gradient) from one left
+        unused (a pooler): neither gets a gradient. Three forwards under
+        `torch.no_grad()`, and one per module where one is used: asked once per such
+        layer (`membership.Membership.cut`). Nothing of the training changes (see
+        `run`)."""
+        def fingerprints(into: list[Seen | None]) -> Callable[[int, Call, object], None]:
+            return lambda k, c, out: into.append(output_seen(checked(out)))
+
+        def replaced(which: Sequence[nn.Module]) -> list[Seen | None] | None:
+            hooks = Replaced(which)
+            seen: list[Seen | None] = []
+            ran = self._again(hooks.arm, hooks.disarm, fingerprints(seen), note=False)
+            return seen if ran is not None and hooks.done else None
+
+        untold: list[bool | None] = [None] * len(modules)
+        first: list[Seen | None] = []
+        if not modules or self._again(_nothing, _nothing, fingerprints(first),
+                                      note=False) is None:
+            return untold
+        together = replaced(modules)
+        if together is None:
+            return untold
+        if _alike(first, together):
+            told: list[bool | None] = [False] * len(modules)
+        elif len(modules) == 1:
+            told = [True]
+        else:
+            each = [replaced([m]) for m in modules]
+            told = [None if seen is None else not _alike(first, seen) for seen in each]
+        last: list[Seen | None] = []
+        if self._again(_nothing, _nothing, fingerprints(last), note=False) is None \
+                or not _alike(first, last):
+            return untold
+        return told
+
+    def _again(self, arm: Callable[[], None], disarm: Callable[[], None],
+               each: Callable[[int, Call, object], None], note: bool) -> Unhooked | None:
+        """Call the step's calls again, in order, each from the RNG, generator and
+        autocast state it started from, under `torch.no_grad()` and without the model's
+        own forward hooks, with `arm` called first and `disarm` last (also on errors);
+        `each(k, call, output)` sees each call's output. What the forwards changed is put
+        back (`replay_state.Saved`). None where it cannot run (`refusal`), raised, or
+        changed tensors too large to put back (the reason in `refused` where `note`);
+        otherwise the hooks set aside (`Unhooked.skipped`)."""
+        why = self.refusal()
+        if why is not None:
+            if note and self.refused is None:
+                self.refused = why
+            return None
+        modules = list({id(m): m for m in (c.module for c in self.calls)}.values())
+        saved = Saved(modules, [g for c in self.calls for g, _ in c.generators])
+        unhooked = Unhooked(modules, self._own, self._names)
+        self.active = True
+        try:
+            with unhooked, saved, torch.no_grad():
+                arm()
+                for k, c in enumerate(self.calls):
+                    set_rng_state(c.rng)
+                    for g, state in c.generators:
+                        set_generator_state(g, state)
+                    with _autocast(c.autocast):
+                        out = c.module(*c.args, **c.kwargs)
+                    each(k, c, out)
+        except Exception as exc:  # noqa: BLE001 (a forward that cannot run twice: not the training's error)
+            if note and self.refused is None:
+                self.refused = f"its forward raised {type(exc).__name__} when run again"
+            return None
+        finally:
+            disarm()
+            self.active = False
+        if saved.changed:  # (plain tensors too large to copy before it)
+            if note and self.refused is None:
+                self.refused = (f"its forward changed {', '.join(saved.changed)} in place "
+                                f"when run again, more than a replay copies to put back")
+            return None
+        return unhooked
 
     def release(self) -> None:
         self.calls = []
@@ -335,6 +403,57 @@ class _autocast:
     def __exit__(self, *exc: object) -> None:
         for c in reversed(self._ctx):
             c.__exit__(*exc)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _alike(a: list[Seen | None], b: list[Seen | None]) -> bool:
+    """Are two replays' outputs the same (`same_output`), call by call, each one
+    fingerprinted?"""
+    return len(a) == len(b) > 0 and all(
+        x is not None and same_output(x, y) for x, y in zip(a, b))
+
+
+class Replaced:
+    """Forward hooks on `modules`, while armed, that replace each one's output, its first
+    floating-point tensor (the output itself, or an item of the tuple or list it
+    returns), by a ramp far outside its values (`Replay.reaches`): a thousand times its
+    largest magnitude, and not constant along any dimension, so that no normalisation
+    after it takes the change out. `done`: an output was replaced."""
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        self._modules = modules
+        self._handles: list[Any] = []
+        self.done = False
+
+    def arm(self) -> None:
+        self._handles = [m.register_forward_hook(self) for m in self._modules]
+
+    def disarm(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def __call__(self, module: nn.Module, args: tuple, output: object) -> object:
+        if isinstance(output, torch.Tensor):
+            return self._ramp(output) if output.is_floating_point() else None
+        if isinstance(output, (tuple, list)):
+            items = list(output)
+            for k, item in enumerate(items):
+                if isinstance(item, torch.Tensor) and item.is_floating_point():
+                    items[k] = self._ramp(item)
+                    if hasattr(output, "_fields"):  # a named tuple
+                        return type(output)(*items)
+                    return type(output)(items)
+        return None
+
+    def _ramp(self, t: torch.Tensor) -> torch.Tensor:
+        scale = (t.detach().abs().amax().float() + 1.0) * 1e3 if t.numel() else 1.0
+        self.done = True
+        ramp = torch.linspace(-1.0, 2.0, t.numel(), device=t.device, dtype=torch.float32)
+        return (ramp * scale).to(t.dtype).view(t.shape)
 
 
 RECENT = 8

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from .discovery import Models
-from .membership import Membership
+from .membership import Membership, keeps_state
 
 
 class StepOwner:
@@ -69,7 +69,7 @@ class StepOwner:
         where it is or becomes the primary), or None where no optimizer trains watched
         weights yet and `opt` does not either (a foreign step, counted). `called_with`: the
         tensor the watched model was last called with (`trains_the_input`)."""
-        self.membership.saw(opt)
+        first = self.membership.saw(opt)
         primary = self.primary
         if primary is None:
             if not self._owns(opt):
@@ -83,6 +83,8 @@ class StepOwner:
             primary = opt
         if primary is opt and self._in_a_row:
             self._in_a_row.clear()
+        if first and primary is opt and not opt.state and keeps_state(opt):
+            self.membership.fresh_optimizer = True
         return primary
 
     def trains_watched(self, opt: torch.optim.Optimizer) -> bool:

@@ -96,6 +96,8 @@ STEP_COLUMNS: tuple[str, ...] = (
     "grads_missing",  # 1: a backward ran, but no weight had a gradient at the optimizer's
                       # step (see `record.optimizer.missing_gradients`); ZEROED: every
                       # weight had one, and all of them were exactly 0
+    "opt_fresh",  # 1: an optimizer that keeps state between steps made its first step in
+                  # the step, with none yet (one made anew; `record.membership`), 0: none did
     "others_carried",  # `grad_carried` for the other optimizers that stepped since the last
                        # boundary (a GAN's second), the worst of them
                        # (`record.carried.OtherCarries`)
@@ -106,6 +108,11 @@ STEP_COLUMNS: tuple[str, ...] = (
                        # meets, broadcast against a target of another shape (0: none)
     "loss_chance",  # sampled: ln(C) where the loss is a mean cross-entropy over C classes
                     # (`record.loss_form.chance`; NaN: another loss)
+    "label_top",  # sampled, where the loss is a mean cross-entropy of one class label per
+                  # sample (not per pixel): the class most of the step's labels are
+    "label_share",  # sampled: the share of the step's labels that `label_top` has (1: all)
+    "label_n",  # sampled: the step's labels counted (`ignore_index` left out)
+    "label_classes",  # sampled: C, the classes the loss is over
 )
 """Per step scalars: the loss, the learning rate, the watched model's input batch, the
 models' mode, the gradients' zeroing."""

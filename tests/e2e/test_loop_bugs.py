@@ -4,6 +4,9 @@ before it; the discriminator's loop is right, and its healthy twin is quiet."""
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 import torch.nn.functional as F
 from loops import assert_no_errors
@@ -72,7 +75,8 @@ def test_a_gans_second_optimizer_with_its_gradients_cleared_before_its_step_is_a
 def test_a_healthy_gan_loop_is_quiet():
     run, _ = _gan()
     assert not [e for e in run.events if e.kind in ("grads_not_zeroed", "step_repeated",
-                                                     "cut_off", "not_in_optimizer")]
+                                                     "cut_off", "not_in_optimizer",
+                                                     "optimizer_remade")]
     assert_no_errors(run)
     assert (run.trace.scalar("others_carried")[2:] == 0).all()
 
@@ -116,3 +120,49 @@ def test_a_short_evaluation_stretch_stays_a_warning():
     run = _train_with_eval_at(12, 40, 100)
     assert [e.severity for e in run.events if e.kind == "eval_mode"] == ["warning"]
     assert_no_errors(run)
+
+
+def _remade(make, every: int | None, steps: int = 40, watched: bool = True):
+    """A classifier whose optimizer (`make(params)`) is built anew every `every` steps (None:
+    once, before the loop), as a loop that builds it inside does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    gen = torch.Generator().manual_seed(1)
+    opt = make(model.parameters())
+    losses = []
+    with ndbg.watch(model, report=False) if watched else contextlib.nullcontext() as run:
+        for step in range(steps):
+            if every is not None and step % every == 0:
+                opt = make(model.parameters())
+            x = torch.randn(32, 8, generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long() + (x[:, 1] > 0).long())
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return run, losses
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.Adam(p, lr=1e-3),
+    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)])
+def test_an_optimizer_built_inside_the_loop_is_a_warning_from_step_1(make):
+    """Adam (its running averages) or SGD with momentum made anew at every step: each
+    update is a first one. A warning dated from step 1, the first step whose optimizer
+    was made anew; the training is the same as without the watch."""
+    run, losses = _remade(make, every=1)
+    assert losses == _remade(make, every=1, watched=False)[1]
+    (e,) = [e for e in run.events if e.kind == "optimizer_remade"]
+    assert (e.step, e.severity, e.layer) == (1, "warning", None), e
+    assert "Build the optimizer once, before the loop" in e.message
+
+
+@pytest.mark.parametrize(("make", "every"), [
+    (lambda p: torch.optim.Adam(p, lr=1e-3), None),
+    (lambda p: torch.optim.Adam(p, lr=1e-3), 10),
+    (lambda p: torch.optim.SGD(p, lr=0.05), 1)])
+def test_an_optimizer_built_once_once_an_epoch_or_keeping_no_state_is_quiet(make, every):
+    """Built once; built anew once an epoch (every 10 steps); plain SGD, which keeps no
+    state between steps, built at every step."""
+    run, _ = _remade(make, every)
+    assert not [e for e in run.events if e.kind == "optimizer_remade"], run.events

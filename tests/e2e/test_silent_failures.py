@@ -7,8 +7,8 @@ layer; the healthy twin of each stays quiet.
   GAN whose generator gets gradients from the discriminator's loss before its own optimizer
   first steps, nor (beyond a warning) a loss network left trainable.
 - Layers cut off from the loss (`cut_off`): an autoencoder whose latent is detached, a
-  generator trained on `fake.detach()`; not frozen layers, a pooler whose output the loss
-  does not use (info), heads trained in turn.
+  generator trained on `fake.detach()`, a residual branch added detached; not frozen
+  layers, a pooler whose output the loss does not use (info), heads trained in turn.
 """
 
 from __future__ import annotations
@@ -300,6 +300,120 @@ def test_an_unused_pooler_and_frozen_layers_are_not_cut_off():
     cut = [e for e in run.events if e.kind == "cut_off"]
     assert [(e.layer, e.severity, e.step) for e in cut] == [("pooler", "info", 0)], cut
     assert "output does not reach the loss" in cut[0].message
+    assert_no_errors(run)
+
+
+class _Residual(nn.Module):
+    """Residual blocks `h + block(h)` and a recurrent branch `h + gru(h)`; the branch named
+    in `detached` is added as `h + branch(h).detach()` from step `since` on (the loop sets
+    `step`), so its weights get no gradient while its output still changes the model's."""
+
+    def __init__(self, detached: str | None = None, since: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(6, 16)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Dropout(0.1))
+                                    for _ in range(3))
+        self.gru = nn.GRU(16, 16, batch_first=True)
+        self.out = nn.Linear(16, 2)
+        self.detached, self.since, self.step = detached, since, 0
+
+    def _add(self, name: str, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        cut = name == self.detached and self.step >= self.since
+        return h + (y.detach() if cut else y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for k, block in enumerate(self.blocks):
+            h = self._add(f"blocks.{k}", h, block(h))
+        h = self._add("gru", h, self.gru(h.unsqueeze(1))[0].squeeze(1))
+        return self.out(h)
+
+
+def _train_residual(model: _Residual, steps: int = 30) -> list[float]:
+    def tell(step: int, m: nn.Module, opt: torch.optim.Optimizer) -> None:
+        model.step = step
+    return _train(model, torch.optim.Adam(model.parameters(), lr=1e-3), steps, tell)
+
+
+@pytest.mark.parametrize(("detached", "since", "layer"), [
+    ("blocks.1", 0, "blocks.1.0"), ("blocks.2", 12, "blocks.2.0"), ("gru", 5, "gru")])
+def test_a_residual_branch_added_detached_is_cut_off_from_the_step_it_begins(detached, since,
+                                                                            layer):
+    """`h + block(h).detach()`: the block runs, Adam holds it, the layers after it get
+    gradients and so do those before it (through the skip), but it gets none. Unlike a
+    pooler it is used: the step replayed with its output changed gives another model
+    output. An error, the first failure, dated from the step the detach begins, naming the
+    branch's layer (a Linear in a block, a GRU returning a tuple); the training is the
+    same bit for bit, dropout included, and its random state after it too."""
+    with ndbg.watch(model := _Residual(detached, since), report=False) as run:
+        losses = _train_residual(model)
+    after = torch.get_rng_state()
+    assert losses == _train_residual(_Residual(detached, since))
+    assert torch.equal(after, torch.get_rng_state())
+    first = run.first_failure
+    assert (first.kind, first.layer, first.step, first.severity) == (
+        "cut_off", layer, since, "error"), first
+    assert "its output is used" in first.message and "h + block(h).detach()" in first.message
+    assert [e.layer for e in run.events if e.kind == "cut_off"] == [layer]
+
+
+class _Block(nn.Module):
+    """A pre-norm transformer block whose attention branch is added detached where
+    `detached`; its model holds a parameter its forward never reads."""
+
+    def __init__(self, detached: bool) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(16), nn.LayerNorm(16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.detached = detached
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        a = self.attn(h, h, h, need_weights=False)[0]
+        x = x + (a.detach() if self.detached else a)
+        return x + self.mlp(self.ln2(x))
+
+
+def _train_blocks(detached: bool) -> tuple[object, list[float]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(20, 16), _Block(detached), nn.Linear(16, 20))
+    model.register_parameter("unread", nn.Parameter(torch.ones(())))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 20, (30, 8, 7), generator=torch.Generator().manual_seed(1))
+    losses = []
+    with ndbg.watch(model, report=False) as run:
+        for batch in tokens:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(batch[:, :-1]).reshape(-1, 20), batch[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return run, losses
+
+
+def test_an_attention_branch_added_detached_is_cut_off_and_an_unread_parameter_is_not():
+    """The attention (a layer with weights of its own and a child it calls through its
+    weights) and the LayerNorm that feeds only it get no gradient while their output
+    changes the model's: errors from step 0, the LayerNorm first in forward order. The
+    model's own parameter that its forward never reads leaves it without a gradient
+    while its layers get theirs: an unused weight (info), healthy or not."""
+    run, _ = _train_blocks(detached=True)
+    cut = {e.layer: e.severity for e in run.events if e.kind == "cut_off"}
+    assert cut == {"1.ln1": "error", "1.attn": "error", "Sequential": "info"}, cut
+    first = run.first_failure
+    assert (first.kind, first.layer, first.step) == ("cut_off", "1.ln1", 0), first
+    healthy, _ = _train_blocks(detached=False)
+    assert [e.severity for e in healthy.events if e.kind == "cut_off"] == ["info"]
+    assert_no_errors(healthy)
+
+
+def test_residual_branches_that_all_train_are_not_cut_off():
+    """The healthy twin: every branch added as it is, nothing cut off, no error."""
+    with ndbg.watch(model := _Residual(), report=False) as run:
+        _train_residual(model)
+    assert not [e for e in run.events if e.kind == "cut_off"], run.events
     assert_no_errors(run)
 
 

@@ -154,6 +154,62 @@ def test_a_model_with_forward_hooks_of_its_own_is_replayed_without_them():
     assert "the forward hooks of its own (4's" in (replay.refused or "")
 
 
+_FORWARDS: list[int] = []
+
+
+class _Branches(nn.Module):
+    """A trunk with a branch added detached (`used`), a head left unused beside the
+    output (`unused`), a recurrent layer returning a tuple, and, where `noisy`, a shift by
+    how often a forward ran, counted outside the model (a forward that runs another way
+    each time)."""
+
+    def __init__(self, noisy: bool = False) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(12, 16)
+        self.used = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+        self.gru = nn.GRU(16, 16, batch_first=True)
+        self.unused = nn.Linear(16, 4)
+        self.head = nn.Linear(16, 3)
+        self.noisy = noisy
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.trunk(x)
+        h = self.norm(h + self.used(h).detach())  # (a shift alone would be normed away)
+        h = h + self.gru(h.unsqueeze(1))[0].squeeze(1).detach()
+        if self.noisy:
+            _FORWARDS.append(1)
+            h = h + len(_FORWARDS)
+        return self.head(h), self.unused(h)
+
+
+def test_a_replay_with_a_layers_output_replaced_tells_a_used_output_from_an_unused_one():
+    """`reaches`: an output that enters the model's first output (detached or not, a GRU's
+    tuple too) changes it when replaced; one beside it does not. It cannot be told where
+    the forward runs another way each time, nor where the inputs changed in place; the
+    training's state is left as it was (the replays are no anomaly replays)."""
+    torch.manual_seed(0)
+    model = _Branches()
+    x = torch.randn(8, 12)
+    replay = Replay()
+    replay.record(model, (x,), {})
+    replay.output(model(x))
+    rng = torch.get_rng_state()
+    assert replay.reaches([model.used, model.gru, model.unused, model.head]) == [
+        True, True, False, True]
+    assert torch.equal(rng, torch.get_rng_state()) and replay.replays == 0
+    assert replay.refused is None
+
+    noisy = _Branches(noisy=True)
+    replay = Replay()
+    replay.record(noisy, (x,), {})
+    noisy(x)
+    assert replay.reaches([noisy.used, noisy.unused]) == [None, None]
+    x.mul_(2)
+    assert replay.reaches([model.used]) == [None]
+    assert replay.refused is None  # (said where an anomaly's replay is refused)
+
+
 def test_anomalous_reads_non_finite_values_and_jumps():
     losses = np.array([0.5, 0.4, 0.6])
     totals = np.array([2.0, 3.0, 2.5])
