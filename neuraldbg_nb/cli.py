@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import argparse
+import builtins
+import importlib.machinery
 import importlib.util
 import os
 import runpy
@@ -88,8 +90,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     The exit code is the script's: 0 at its end or at `sys.exit(0)`, its `sys.exit` code,
     1 with the traceback for an exception, 130 for Ctrl-C. The run is saved whatever
     the end, unless the script never started: one that does not compile, or a module
-    that is not there, is said as `python` says it (exit code 1), and an earlier run saved
-    at the same path stays. A caller of `main()` (a test, a notebook) gets its argv and
+    (or a package's submodule) that is not there, is said as `python` says it (exit code
+    1), and an earlier run saved at the same path stays. A caller of `main()` (a test, a notebook) gets its argv and
     path back."""
     if args.module is not None:
         rest = [str(args.script)] if args.script is not None else []
@@ -98,6 +100,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         top = args.module.partition(".")[0]  # (finding a package imports nothing)
         if importlib.util.find_spec(top) is None and not Path(first_path, top).is_dir():
             print(f"neuraldbg run: No module named {top}", file=sys.stderr)
+            return 1
+        if "." in args.module and not _module_found(args.module, first_path):
+            print(f"neuraldbg run: No module named {args.module}", file=sys.stderr)
             return 1
     elif args.script is None:
         parser.error("give a script to run, or -m MODULE")
@@ -128,9 +133,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             if args.module is not None:
                 runpy.run_module(args.module, run_name="__main__", alter_sys=True)
             else:
-                # (`__file__` absolute, as python sets it: a script that changes its
-                # working directory still finds its own folder)
-                runpy.run_path(os.path.abspath(script_argv[0]), run_name="__main__")
+                _run_script(os.path.abspath(script_argv[0]))
     except TrainingFailure:
         pass  # the story says where it stopped
     except SystemExit as exit_:
@@ -147,6 +150,43 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         saved = w.run.save(_per_rank(args.save, w.run.rank))
         print(f"neuraldbg: run saved to {saved}", file=sys.stderr)
     return code
+
+
+def _module_found(name: str, first_path: str) -> bool:
+    """Whether `python -m name` finds a package's submodule, with `first_path` first on
+    `sys.path`: looked for as python looks for it, which imports the packages above it.
+    A package that raises as it is imported counts as found: its error is the script's."""
+    sys.path.insert(0, first_path)
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:  # (a package above it is not there, or is no package)
+        return False
+    except Exception:  # noqa: BLE001 - raised again as the module runs, as python shows it
+        return True
+    finally:
+        sys.path.remove(first_path)
+
+
+def _run_script(path: str) -> None:
+    """Run the script at `path` (absolute) as `python path` runs it: in a new module
+    `__main__`, which `sys.modules` holds while it runs (a class it defines pickles by
+    that name), with python's globals: `__file__` absolute (a script that changes its
+    working directory still finds its own folder), a `SourceFileLoader` as `__loader__`,
+    `__package__`, `__spec__` and `__cached__` None, the builtins module as
+    `__builtins__`, empty `__annotations__`; compiled without this module's future
+    imports."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+                         __builtins__=builtins, __annotations__={})
+    code = compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)  # noqa: S102 - the user's script, as python runs it
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
 
 
 INTERRUPTED = 130

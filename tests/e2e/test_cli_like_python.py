@@ -103,7 +103,38 @@ def test_a_script_that_never_starts_is_said_as_python_says_it_and_keeps_the_last
     done = neuraldbg(tmp_path, "-m", "no_such_module_here")
     assert done.returncode == 1 and "No module named no_such_module_here" in done.stderr
     assert "Traceback" not in done.stderr
+    write(tmp_path, "pkg/__init__.py", "")
+    done = neuraldbg(tmp_path, "-m", "pkg.not_there")
+    assert done.returncode == 1 and "No module named pkg.not_there" in done.stderr
+    assert "Traceback" not in done.stderr
     assert (tmp_path / "out.npz").read_bytes() == before
+
+
+GLOBALS = """
+import pickle, sys
+class Config:
+    pass
+def scaled(x: float) -> float:
+    return x
+seen = {k: type(v).__name__ if k in ("__builtins__", "__loader__") else v
+        for k, v in globals().items() if k.startswith("__") and k != "__doc__"}
+print(sorted(seen.items()), scaled.__annotations__,
+      type(pickle.loads(pickle.dumps(Config()))).__qualname__,
+      sys.modules["__main__"].__dict__ is globals())
+"""
+
+
+def test_a_script_sees_the_globals_python_gives_it(tmp_path):
+    """`__file__`, `__loader__`, `__package__`, `__spec__`, `__builtins__` and
+    `__annotations__` as python sets them, annotations not turned into strings by the
+    command's own future imports, a class the script defines pickled by its name in
+    `__main__`."""
+    script = write(tmp_path, "main.py", GLOBALS)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path, check=True)
+    done = neuraldbg(tmp_path, str(script))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == plain.stdout, (done.stdout, plain.stdout)
 
 
 def test_dash_m_runs_a_module_of_a_package_from_the_current_folder(tmp_path):
