@@ -51,6 +51,9 @@ output (`replay.Replay.reaches`): it enters it only detached (a residual branch 
 REACH_TESTS = 16
 """Layers whose output is replayed changed (`Membership.cut`'s `reaches`) at one step at
 most; the others are asked at the next steps."""
+REACH_TRIES = 3
+"""Steps a layer's output is asked about where the replay cannot tell (no call of the
+model heard in the step, a replay refused there), before its answer stays unknown."""
 UNTRAINED_MODEL = 3.0
 """`grad_unheld` of a layer of a watched model none of whose weights any optimizer holds (a
 perceptual-loss network or a teacher left trainable): its gradients are computed for
@@ -82,6 +85,7 @@ class Membership:
         self._root_of: np.ndarray = np.zeros(0, np.int64)  # each layer's model, -1: none
         self._graded: set[int] = set()  # layers with a gradient at another optimizer's step
         self._reach: dict[int, bool | None] = {}  # layer -> whether its output is used
+        self._tries: dict[int, int] = {}  # layer -> steps its output's use was asked at
         self.fresh_optimizer = False
         """The primary optimizer, of a kind that keeps state between its steps
         (`keeps_state`), stepped for the first time with none yet: one made anew
@@ -155,7 +159,8 @@ class Membership:
         gradient this step, so no layer lacks one (the usual step, told without reading
         the norms). `reaches`: whether the outputs of the given layers make the model's
         output what it is (`replay.Replay.reaches`), asked once per layer that would be
-        `UNUSED` (`REACH_TESTS` at a step at most): where it does, it is `DETACHED`."""
+        `UNUSED` (`REACH_TESTS` at a step at most; up to `REACH_TRIES` steps where it
+        cannot tell): where it does, it is `DETACHED`."""
         graded, self._graded = self._graded, set()
         n = len(grad_norm)
         if not backward_ran or not self._opts or len(self._base) != n:
@@ -191,7 +196,9 @@ class Membership:
         if untold and reaches is not None:
             untold = untold[:REACH_TESTS]
             for i, used in zip(untold, reaches(untold)):
-                self._reach[i] = used
+                tries = self._tries[i] = self._tries.get(i, 0) + 1
+                if used is not None or tries >= REACH_TRIES:
+                    self._reach[i] = used
                 if used:
                     out[i] = DETACHED
         return out
@@ -204,7 +211,7 @@ class Membership:
         if key == self._key:
             return
         self._key, self._looked, self._asked = key, False, False
-        self._reach = {}  # (a layer may be another one now)
+        self._reach, self._tries = {}, {}  # (a layer may be another one now)
         held = {id(p) for o in opts for g in o.param_groups for p in g["params"]}
         mine = {id(p) for _, p, _ in params}
         self._unheld = [(p, i) for _, p, i in params if id(p) not in held]

@@ -409,6 +409,26 @@ def test_an_attention_branch_added_detached_is_cut_off_and_an_unread_parameter_i
     assert_no_errors(healthy)
 
 
+def test_a_detached_branch_is_asked_again_where_its_first_replay_could_not_tell():
+    """The loop scales its first batch in place after the backward: that step cannot be
+    replayed as it ran, so the branch reads as unused there (info); the next step's
+    replay tells it is used, and the error is dated from there."""
+    model = _Residual("blocks.1")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = task_batches()
+    with ndbg.watch(model, report=False) as run:
+        for step in range(20):
+            batch = x[step].clone()
+            opt.zero_grad()
+            F.cross_entropy(model(batch), y[step]).backward()
+            if step == 0:
+                batch.mul_(1.0)  # (in place: the forward cannot be run again as it ran)
+            opt.step()
+    errors = [(e.layer, e.step) for e in run.events if e.kind == "cut_off"
+              and e.severity == "error"]
+    assert errors == [("blocks.1.0", 1)], run.events
+
+
 def test_residual_branches_that_all_train_are_not_cut_off():
     """The healthy twin: every branch added as it is, nothing cut off, no error."""
     with ndbg.watch(model := _Residual(), report=False) as run:
