@@ -6,6 +6,7 @@ sampled steps, how the loss was built (`loss_form`)."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +46,10 @@ class Backwards:
         self._heard: list[int] = []  # positions of the losses `backward()` was called on
         self._logged: list[int] = []  # of the tensors given to `log_loss`
         self._logged_host: list[float] = []  # the numbers given to `log_loss`
+        self.roots: list[Any] = []
+        """The autograd nodes the step's backwards began from (their losses' `grad_fn`):
+        which of a model's outputs a loss was computed from is read from them
+        (`replay.Replay.used_outputs`)."""
         self._carry.new_step()
         self._trail.new_step()
         self.eval_layers = -1
@@ -72,6 +77,7 @@ class Backwards:
                 self._classes = found[1]
                 self._per_sample = loss_form.per_sample(node)
         self._heard.append(self._sc.add(root.detach() if loss is None else loss))
+        self.roots.append(root.grad_fn)
         if self._scales.scale is not None:
             self._trail.heard(self._scales.scale, self._sc)
         self._carry.at_backward(self._sc)

@@ -310,7 +310,9 @@ class Boundary:
             self._set_hooks(False)
         evaluated = forward.eval_seen  # (layer hooks left on hear no training call)
         try:
-            told = dict(zip((c.index for c in asked), replay.reaches([c.module for c in asked])))
+            used = replay.used_outputs(self._backwards.roots)
+            told = dict(zip((c.index for c in asked),
+                            replay.reaches([c.module for c in asked], used)))
         finally:
             forward.eval_seen = evaluated
             if self._set_hooks is not None:

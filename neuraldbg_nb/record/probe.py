@@ -257,9 +257,13 @@ class Probe:
 
     def _replay_output(self, output: object) -> None:
         """A training call's output, for a replay of its step to compare with
-        (`Replay.output`): at steps not hooked, the only ones replayed."""
-        if self._replay is not None and not self._boundary.hooked:
-            self._replay.output(output)
+        (`Replay.output`: at steps not hooked, the only ones replayed), and the nodes of
+        its tensors, for a reach test to tell which the loss used (`Replay.returned`)."""
+        replay = self._replay
+        if replay is not None:
+            replay.returned(output)
+            if not self._boundary.hooked:
+                replay.output(output)
 
     def _found(self, module: nn.Module, args: tuple) -> None:
         """A model first called (no model given): its hooks hear its calls from the next

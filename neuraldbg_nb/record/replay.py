@@ -127,6 +127,10 @@ class Call:
     tensor (detached, held until the step ends) and its version then; what a replay
     compares where `out` was changed in place since (the Trainer scales the loss it is
     given in place)."""
+    nodes: list[Any] | None = None
+    """Where its output holds several floating-point tensors, the autograd node each one
+    came from (None for one that has none), in `tensors_in`'s order: which of them the
+    step's loss was computed from is read from these (`Replay.used_outputs`)."""
 
     @property
     def module(self) -> nn.Module:
@@ -146,6 +150,11 @@ CHECKED = 4096
 """Elements of a call's output whose extremes fingerprint it (`output_seen`): a forward
 that runs another way changes them as surely as the whole output's, and reading a fixed
 slice costs a language model's logits no more than a classifier's ten."""
+
+GRAPH_NODES = 100_000
+"""Autograd nodes walked at most to tell which of a step's outputs its loss was computed
+from (`Replay.used_outputs`): a tenth of a second of Python, once for a layer's reach
+test; a transformer of a dozen blocks has a few thousand."""
 
 SAME = 1e-3
 """Relative difference within which a replayed output's extremes are the training's
@@ -228,6 +237,45 @@ class Replay:
         self.calls.append(Call(root, args, dict(kwargs), [t._version for t in ts],
                                rng_state(), _autocast_state(), ts, generators))
 
+    def returned(self, output: object) -> None:
+        """The call last recorded returned `output`, at any step: where it holds several
+        floating-point tensors (a tuple, a dict), the autograd node of each is kept for
+        the step (`Call.nodes`), so that a reach test compares the outputs the loss was
+        computed from (`used_outputs`). A tensor alone costs nothing here."""
+        if type(output) is torch.Tensor or not self.calls:
+            return
+        ts = [t for t in tensors_in(output) if t.is_floating_point()]
+        if len(ts) > 1:
+            self.calls[-1].nodes = [t.grad_fn for t in ts]
+
+    def used_outputs(self, roots: Sequence[Any]) -> list[list[int] | None]:
+        """Per call of the step, which of its output's floating-point tensors (their
+        places among them) the step's losses were computed from, found by walking the
+        losses' autograd graphs from `roots` (their nodes, as the backwards began; at
+        most `GRAPH_NODES` nodes are walked); None for a call whose output is one tensor,
+        or where it cannot be told (no loss heard, a graph too large to walk). A model
+        returning `(embedding, logits)` whose loss reads the logits alone is judged by
+        its logits: a layer that feeds only the embedding is unused, not detached."""
+        wanted = {id(n) for c in self.calls for n in (c.nodes or ()) if n is not None}
+        if not wanted or not roots:
+            return [None] * len(self.calls)
+        found: set[int] = set()
+        seen: set[int] = set()
+        todo = [n for n in roots if n is not None]
+        while todo and len(found) < len(wanted):
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if len(seen) > GRAPH_NODES:
+                return [None] * len(self.calls)
+            if id(node) in wanted:
+                found.add(id(node))
+            todo.extend(n for n, _ in node.next_functions if n is not None)
+        return [None if c.nodes is None else
+                [i for i, n in enumerate(c.nodes) if n is not None and id(n) in found]
+                for c in self.calls]
+
     def output(self, output: object) -> None:
         """The call last recorded returned `output`: what a replay of the step compares
         its own with (`run`): a small output itself, by reference, a large one's
@@ -299,7 +347,8 @@ class Replay:
         self.replays += 1
         return True
 
-    def reaches(self, modules: Sequence[nn.Module]) -> list[bool | None]:
+    def reaches(self, modules: Sequence[nn.Module],
+                used: Sequence[list[int] | None] = ()) -> list[bool | None]:
         """Whether each of `modules` (layers of the step's models) makes the step's
         outputs what they are: the step's calls replayed as they ran, then with the
         outputs of all of `modules` replaced (`Replaced`), then, where those outputs
@@ -313,9 +362,19 @@ class Replay:
         unused (a pooler): neither gets a gradient. Three forwards under
         `torch.no_grad()`, and one per module where one is used: asked once per such
         layer (`membership.Membership.cut`). Nothing of the training changes (see
-        `run`)."""
+        `run`). `used`: per call, the places of the output's floating-point tensors the
+        loss was computed from (`used_outputs`), the ones compared; a call's first one
+        where its entry is None or missing."""
         def fingerprints(into: list[Seen | None]) -> Callable[[int, Call, object], None]:
-            return lambda k, c, out: into.append(output_seen(checked(out)))
+            def each(k: int, c: Call, out: object) -> None:
+                pick = used[k] if k < len(used) else None
+                if pick is None:
+                    into.append(output_seen(checked(out)))
+                    return
+                ts = [t for t in tensors_in(out) if t.is_floating_point()]
+                into.extend(output_seen(checked(ts[i])) if i < len(ts) else None
+                            for i in pick)
+            return each
 
         def replaced(which: Sequence[nn.Module]) -> list[Seen | None] | None:
             hooks = Replaced(which)
@@ -326,8 +385,8 @@ class Replay:
         untold: list[bool | None] = [None] * len(modules)
         first: list[Seen | None] = []
         if not modules or self._again(_nothing, _nothing, fingerprints(first),
-                                      note=False) is None:
-            return untold
+                                      note=False) is None or not first:
+            return untold  # (nothing to compare: no output the loss was computed from)
         together = replaced(modules)
         if together is None:
             return untold

@@ -429,6 +429,57 @@ def test_a_detached_branch_is_asked_again_where_its_first_replay_could_not_tell(
     assert errors == [("blocks.1.0", 1)], run.events
 
 
+class _TwoOutputs(nn.Module):
+    """A model returning an embedding before its logits, as a tuple or a dict; the loss
+    reads the logits alone. With `detached`, a branch is added to the logits detached."""
+
+    def __init__(self, as_dict: bool, detached: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU())
+        self.embed = nn.Linear(16, 8)
+        self.head = nn.Linear(16, 2)
+        self.branch = nn.Linear(16, 2)
+        self.as_dict, self.detached = as_dict, detached
+
+    def forward(self, x: torch.Tensor) -> object:
+        h = self.body(x)
+        extra = self.branch(h)
+        logits = self.head(h) + (extra.detach() if self.detached else extra)
+        emb = self.embed(h)
+        return {"embedding": emb, "logits": logits} if self.as_dict else (emb, logits)
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["tuple", "dict"])
+def test_an_output_before_the_one_the_loss_reads_is_unused_and_a_detached_branch_still_named(
+        as_dict):
+    """The embedding comes first in the model's output and the loss never reads it: its
+    layer is unused (info), not cut off, since changing it moves only the output the loss
+    leaves alone. A branch added to the logits detached is an error at step 0 all the
+    same: the logits, which the loss reads, move with it."""
+    def train(detached: bool):
+        model = _TwoOutputs(as_dict, detached)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x, y = task_batches()
+        with ndbg.watch(model, report=False) as run:
+            for step in range(20):
+                opt.zero_grad()
+                out = model(x[step])
+                F.cross_entropy(out["logits"] if as_dict else out[1], y[step]).backward()
+                opt.step()
+        return run
+
+    healthy = train(detached=False)
+    cut = [(e.layer, e.severity, e.step) for e in healthy.events if e.kind == "cut_off"]
+    assert cut == [("embed", "info", 0)], healthy.events
+    assert_no_errors(healthy)
+    broken = train(detached=True)
+    cut = {e.layer: (e.severity, e.step) for e in broken.events if e.kind == "cut_off"}
+    assert cut == {"embed": ("info", 0), "branch": ("error", 0)}, broken.events
+    first = broken.first_failure
+    assert (first.kind, first.layer, first.step) == ("cut_off", "branch", 0), first
+
+
 def test_residual_branches_that_all_train_are_not_cut_off():
     """The healthy twin: every branch added as it is, nothing cut off, no error."""
     with ndbg.watch(model := _Residual(), report=False) as run:
