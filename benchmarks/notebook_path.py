@@ -163,7 +163,7 @@ def _post(*args):
         said = run.overhead
         SAID[len(CELLS) - 1] = id(run)
         if said is not None:
-            SELF.append([len(CELLS) - 1, said.fraction])
+            SELF.append([len(CELLS) - 1, [said.fraction, said.whole]])
     from ipywidgets.widgets.widget import _instances
     from neuraldbg_nb.notebook.panel import Panel
     panels = [w for w in list(_instances.values()) if isinstance(w, Panel)]
@@ -290,7 +290,8 @@ def run_script(models: list[str], modes: dict[str, int], rounds: int, warmup: in
                 marks.append(time.perf_counter())
         took = time.perf_counter() - t0
         said = run.overhead if run is not None else None
-        return took, marks, loss.item(), said.fraction if said is not None else None
+        return took, marks, loss.item(), [said.fraction, said.whole] if said is not None \
+            else None
 
     for m in models:
         for v in SCRIPT_VARIANTS:
@@ -356,11 +357,15 @@ def table(records: list[dict[str, Any]], titles: dict[str, str], variants: dict[
                 base = per_round(m, "plain", lambda r: r["cell"])
                 cells.append(f"{statistics.median(got[r] / base[r] for r in got):.2f}")
             rows.append([f"{variants[v]}: whole cell, ratio"] + cells)
-    for v in watched:  # what the run says it cost, beside what it cost
-        said = {m: [r["said"] for r in records if r["model"] == m and r["variant"] == v
-                    and r["mode"] == mode and r.get("said") is not None] for m in models}
+    # what the run says it cost, beside what it cost: per step where steps are timed,
+    # over the whole run where whole cells are
+    which, what = (0, "run.overhead") if mode == "steady" else (1, "run.overhead.whole")
+    for v in watched:
+        said = {m: [r["said"][which] for r in records if r["model"] == m and r["variant"] == v
+                    and r["mode"] == mode and r.get("said") is not None
+                    and r["said"][which] is not None] for m in models}
         if any(said.values()):
-            rows.append([f"{variants[v]}: its self-report (run.overhead), median"] +
+            rows.append([f"{variants[v]}: its self-report ({what}), median"] +
                         [f"+{statistics.median(said[m]):.1%}" if said[m] else "n/a"
                          for m in models])
     panel = [r for r in records if r["panel"] is not None and r["mode"] == mode]

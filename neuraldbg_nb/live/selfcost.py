@@ -28,6 +28,8 @@ and what does lower it.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..record.sampler import is_reference_step
@@ -61,22 +63,63 @@ class SelfCost:
         self._rows = np.zeros((WINDOW, 4))  # wall, own, hooks, sampled (seconds)
         self.note: str | None = None
         """The budget note, once given (`budget_note`)."""
+        self.own_s = 0.0
+        """The engine's time for the run so far (s): every step's, warm-up and reference
+        steps too, and the blocks' start and end (`left`) and what was spent for it
+        outside them (`outside`)."""
+        self._wall_s = 0.0  # the time of the blocks closed so far, and of `outside`
+        self._entered: float | None = None  # when the open block began (`time.perf_counter`)
+        self._over = False  # a block ended, none runs now
 
     def record(self, step: int, wall: float, own: float, hooks: float,
                sampled: float) -> None:
         """One step: its wall time, the engine's time in it, and of that the layer hooks'
         non-finite checks and the full statistics (warm-up and reference steps are left
-        out: `WARMUP`)."""
+        out: `WARMUP`); every step counts in the whole run's cost (`whole`)."""
+        self.own_s += own
         if step < WARMUP or is_reference_step(step):
             return
         self._rows[self.recorded % WINDOW] = (wall, own, hooks, sampled)
         self.recorded += 1
 
+    def entered(self, at: float) -> None:
+        """A block of the watch began at `at` (`time.perf_counter`)."""
+        self._entered = at
+        self._over = False
+
+    def left(self, own: float) -> None:
+        """The open block ends now; `own`: the engine's time in its start and end outside
+        any step (the time of the steps it closed there came with them, `record`)."""
+        if self._entered is not None:
+            self._wall_s += time.perf_counter() - self._entered
+            self._entered = None
+        self.own_s += own
+        self._over = True
+
+    def outside(self, seconds: float) -> None:
+        """Time spent for the run outside its blocks (a cell's panel made before it, its
+        diagnosis after): the run's time and the engine's both grow by it."""
+        self.own_s += seconds
+        self._wall_s += seconds
+
+    def whole(self) -> tuple[float, float] | None:
+        """(the engine's time over the watched time without it, the engine's time in s)
+        over the whole run so far, everything counted; None before it is measured."""
+        wall = self._wall_s
+        if self._entered is not None:
+            wall += time.perf_counter() - self._entered
+        plain = wall - self.own_s
+        if self.own_s <= 0 or plain <= 0:
+            return None
+        return self.own_s / plain, self.own_s
+
     def summary(self) -> Overhead | None:
         """The recent steps' cost; None before there is one to give: fewer than `STEADY`
-        steps recorded, or fewer than `SETTLED` whose two halves disagree (`_settled`)."""
+        steps recorded, or, while a block runs, fewer than `SETTLED` whose two halves
+        disagree (`_settled`; once the block is over, what it cost is said as it was)."""
         n = min(self.recorded, WINDOW)
-        if n < STEADY or (self.recorded < SETTLED and not self._settled(n)):
+        if n < STEADY or (not self._over and self.recorded < SETTLED
+                          and not self._settled(n)):
             return None
         return self._summary(n)
 
@@ -89,9 +132,12 @@ class SelfCost:
         if step <= 0:
             return None
         mean_own = float(own.mean())
+        whole = self.whole()
         return Overhead(fraction=mean_own / step, own_ms=mean_own * 1e3, step_ms=step * 1e3,
                         hooks_ms=float(hooks.mean()) * 1e3,
-                        sampled_ms=float(sampled.mean()) * 1e3, steps=n)
+                        sampled_ms=float(sampled.mean()) * 1e3, steps=n,
+                        whole=None if whole is None else whole[0],
+                        whole_s=None if whole is None else whole[1])
 
     def _settled(self, n: int) -> bool:
         """Do the older and the newer half of the `n` recent steps give about the same

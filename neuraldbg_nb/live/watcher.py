@@ -204,11 +204,13 @@ class Watch:
         self._active = False
         self._schedule = ScanSchedule(th, stops=stop_on == "error")
         self._seen = 0
+        self._start_s = 0.0  # the engine's time in the open block's start (`__enter__`)
 
     def __enter__(self) -> Run:
         global _last
         if self._active:
             raise RuntimeError("this watch is already active; nest a new watch() instead")
+        started = time.perf_counter()
         self._active = True
         self.run.status = "training"
         self.run.recorder = self._probe
@@ -216,10 +218,13 @@ class Watch:
         self._probe.attach()
         _last = self.run
         runs.add(self.run)
+        self._cost.entered(started)
+        self._start_s = time.perf_counter() - started
         return self.run
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        started, stepped = time.perf_counter(), self._cost.own_s
         run = self.run
         run.rank = run.rank or _rank()
         try:
@@ -278,14 +283,29 @@ class Watch:
         run.recorder = Ended(probe.replays, probe.replay_refused)
         try:  # (the engine's error is the run's note, never the user's program's end)
             self._scan()  # every recorded step judged; the schedule counts from here on
+        except Exception as e:  # noqa: BLE001 - see `_on_error`
+            self._on_error(e, "the end of the block")
+        # the block's start and end (steps closed here were counted with their steps),
+        # before the views are told, so that they show it
+        self._cost.left(self._start_s + time.perf_counter() - started
+                        - (self._cost.own_s - stepped))
+        told = time.perf_counter()
+        try:
             run.notify([])  # re-entry
         except Exception as e:  # noqa: BLE001 - see `_on_error`
             self._on_error(e, "the end of the block")
+        self._cost.outside(time.perf_counter() - told)
         if self.report or (self.report is None and not _in_notebook()):
             try:  # (the story of what was recorded, the error's note in it)
                 print(run, file=sys.stderr)
             except Exception as e:  # noqa: BLE001 - see `_on_error`
                 self._on_error(e, "the end of the block")
+
+    def charge(self, seconds: float) -> None:
+        """Time spent for this run outside its blocks (the cell magic's panel, made
+        before the block, and its diagnosis, after it): counted in what the whole run
+        cost (`Overhead.whole`)."""
+        self._cost.outside(seconds)
 
     def _on_step(self, record: StepRecord) -> None:
         run = self.run

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import linecache
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,9 +68,11 @@ class NeuralDbgMagics(Magics):
         assert shell is not None  # a registered magic always has its shell
         if args.output:
             shell.user_ns[args.output] = run
+        shown = time.perf_counter()
         panel = None if args.no_panel else _panel(run)
         if panel is not None:
             display(panel)
+        w.charge(time.perf_counter() - shown)  # (the cell's cost: `Overhead.whole`)
         code = _compile(shell.transform_cell(cell), shell.execution_count)
         try:
             with w:
@@ -80,10 +83,12 @@ class NeuralDbgMagics(Magics):
             if panel is None:
                 print(run, file=sys.stdout)  # the notes are in it
             else:
+                told = time.perf_counter()
                 try:  # for readers without the kernel (`static`); never instead of the
                     show_diagnosis(run)  # cell's own exception
                 except Exception as err:  # noqa: BLE001
                     print(f"neuraldbg: no saved diagnosis ({err})", file=sys.stderr)
+                w.charge(time.perf_counter() - told)
                 if run.notes:
                     print("neuraldbg: " + " ".join(run.notes), file=sys.stderr)
             if args.save:

@@ -196,14 +196,18 @@ def likely_causes(run: Run) -> list[str]:
 
 def cost(run: Run) -> tuple[str, str]:
     """What watching costs, for the header: a short label, in milliseconds first (a toy
-    model's 1 ms step makes any percentage look large), and the sentence behind it (with
-    the budget note, where there is one); empty before it is measured."""
+    model's 1 ms step makes any percentage look large), once the run is over with what
+    the whole run cost (`Overhead.whole`), and the sentence behind it (with the budget
+    note, where there is one); empty before it is measured."""
     o = run.overhead
     if o is None:
         return "", ""
     note = _budget_note(run)
     detail = f"{o}." + (f" {note}" if note else "")
-    return f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%})", detail
+    label = f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%}"
+    if run.status != "training" and o.whole is not None:  # (a short run pays its start
+        label += f"; the whole run +{o.whole:.1%}"  # and end on few steps)
+    return label + ")", detail
 
 
 def notes(run: Run) -> list[str]:

@@ -29,6 +29,15 @@ class Overhead:
     """Of own_ms: the full statistics of sampled steps, spread over every step."""
     steps: int
     """Steps summarised."""
+    whole: float | None = None
+    """The engine's time over the whole watch, as a fraction of the watched time without
+    it: how much longer the run took watched than plain, everything counted (the start
+    and end of each block, the first steps' captures, the final scan, the panel; under
+    `%%neuraldbg`, the cell's setup and its diagnosis too). Over a long run it is the
+    per-step `fraction`; over a short one, which pays its start and end on few steps,
+    it is more. None where not measured (a run saved without it)."""
+    whole_s: float | None = None
+    """The engine's time over the whole watch, in seconds (see `whole`)."""
 
     @property
     def floor(self) -> float:
@@ -37,9 +46,13 @@ class Overhead:
         return (self.own_ms - self.sampled_ms) / self.step_ms
 
     def __str__(self) -> str:
-        return (f"neuraldbg's own time: {self.own_ms:.2f} ms a step, +{self.fraction:.1%} "
+        text = (f"neuraldbg's own time: {self.own_ms:.2f} ms a step, +{self.fraction:.1%} "
                 f"on the loop's {self.step_ms:.1f} ms (last {self.steps} steps; layer hooks "
                 f"{self.hooks_ms:.2f} ms, full statistics {self.sampled_ms:.2f} ms)")
+        if self.whole is not None and self.whole_s is not None:
+            text += (f"; over the whole run, its start and end included, "
+                     f"+{self.whole:.1%} ({self.whole_s:.2f} s)")
+        return text
 
 
 class CostSource(Protocol):

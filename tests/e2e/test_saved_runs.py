@@ -63,7 +63,8 @@ def test_a_compacted_run_saved_and_loaded_keeps_its_events_and_first_failure(tmp
     panel = Panel(loaded)
     assert panel.first_failure["step"] == FAULT_STEP
     o = run.overhead
-    assert panel.cost == f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%})"
+    assert panel.cost == (f"watching +{o.own_ms:.1f} ms/step (+{o.fraction:.1%}; "
+                          f"the whole run +{o.whole:.1%})")
     # re-classified, the compacted steps keep their events, as for the live run
     assert [_key(e) for e in loaded.reclassify(jump=20.0).events] == \
         [_key(e) for e in run.reclassify(jump=20.0).events]

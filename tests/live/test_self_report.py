@@ -137,3 +137,55 @@ def test_the_engine_s_work_outside_the_step_boundary_is_counted(monkeypatch):
     with nd.watch(model, report=False, sample_every=1) as run:
         _steps(model, opt, 60)
     assert run.overhead is not None and run.overhead.own_ms >= 4.0, run.overhead
+
+
+def test_the_whole_run_counts_its_start_its_end_and_every_step():
+    """`Overhead.whole`: the engine's time over the whole run, its warm-up, reference
+    steps, the block's end (made to take 50 ms: the final scan) and time spent outside
+    the block for it (`Watch.charge`) included; over the watched time without it. The
+    per-step figure leaves them out, so on a short run the whole is the larger one."""
+    from neuraldbg_nb.live import watcher
+
+    torch.manual_seed(0)
+    model = _deep(depth=2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    real_scan = watcher.Watch._scan
+
+    def slow_scan(self):
+        if self.run.status != "training":  # (the block's final scan)
+            time.sleep(0.05)
+        return real_scan(self)
+
+    w = nd.watch(model, report=False)
+    try:
+        watcher.Watch._scan = slow_scan
+        t0 = time.perf_counter()
+        with w as run:
+            _steps(model, opt, 40)
+        took = time.perf_counter() - t0
+    finally:
+        watcher.Watch._scan = real_scan
+    o = run.overhead
+    assert o is not None and o.whole is not None and o.whole_s is not None
+    assert o.whole_s >= 0.05 + o.own_ms * o.steps / 1e3  # the end, and the steps summarised
+    assert o.whole_s < took
+    assert o.whole == pytest.approx(o.whole_s / (took - o.whole_s), rel=0.05)
+    assert o.whole > o.fraction
+    assert "over the whole run, its start and end included" in str(o)
+    w.charge(0.5)  # a cell's panel, made before the block
+    assert run.overhead.whole_s == pytest.approx(o.whole_s + 0.5)
+
+
+def test_a_finished_short_run_says_what_it_cost_though_it_had_not_settled():
+    """While training, a cost whose halves disagree is not said before `SETTLED` steps;
+    once the block is over it is, as it was."""
+    cost = SelfCost()
+    cost.entered(time.perf_counter() - 1.0)  # (a block begun a second ago)
+    step = 0
+    while cost.recorded < STEADY + 2:  # the share quadruples from one half to the other
+        cost.record(step, 0.010, 0.001 if cost.recorded < STEADY // 2 else 0.004, 0.0, 0.0)
+        step += 1
+    assert cost.recorded < SETTLED and cost.summary() is None
+    cost.left(0.0)
+    o = cost.summary()
+    assert o is not None and o.steps == STEADY + 2 and o.whole is not None

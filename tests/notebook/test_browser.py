@@ -354,7 +354,8 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out_dir: Path) -> N
         expect(panel.locator(".ndbg-notes")).to_be_hidden()  # nothing it could not watch
         # what watching cost, measured by the run itself, in the header
         cost = panel.locator(".ndbg-cost")
-        expect(cost).to_have_text(re.compile(r"^watching \+\d+\.\d ms/step \(\+\d+\.\d%\)$"))
+        expect(cost).to_have_text(re.compile(
+            r"^watching \+\d+\.\d ms/step \(\+\d+\.\d%; the whole run \+\d+\.\d%\)$"))
         assert "ms a step" in (cost.get_attribute("title") or "")
         report["cost"] = cost.inner_text()
 

@@ -73,8 +73,10 @@ def test_state_after_a_run_names_the_failure_on_the_map() -> None:
     root = panel.first_failure["id"]
     assert any(e["symptom_of"] == root for e in panel.events)
     # the header says what watching cost, measured while it trained
-    assert re.fullmatch(r"watching \+\d+\.\d ms/step \(\+\d+\.\d%\)", panel.cost), panel.cost
-    assert "ms a step" in panel.cost_detail
+    # and, the run being over, what the whole run cost, its start and end included
+    assert re.fullmatch(r"watching \+\d+\.\d ms/step \(\+\d+\.\d%; the whole run \+\d+\.\d%\)",
+                        panel.cost), panel.cost
+    assert "ms a step" in panel.cost_detail and "over the whole run" in panel.cost_detail
     assert "overhead budget" not in panel.cost_detail  # no budget, no note
 
 
