@@ -25,7 +25,7 @@ from .events import Event
 from .last_update import last_update_events
 from .regime import GRADIENT_PATIENCE
 from .rootcause import first_failure, symptoms
-from .scan import Carry, Finding, scan
+from .scan import Carry, Finding, scan_all
 from .states import StateMap
 from .thresholds import Thresholds
 from .wake import SampledWake, jump_held, rise_held, wake
@@ -98,6 +98,7 @@ class Detection:
         th = self.thresholds
         before = len(self._events)
         names = [(info.name, info.label) for info in trace.layers]
+        found_all: list[tuple[Finding, Carry, int]] = []
         for detector, need in DETECTORS:
             lo = max(trace.full_from, start - need(th))
             if detector in _CACHED:  # keeps its trailing baselines in the cache
@@ -108,7 +109,8 @@ class Detection:
                 carry = self._carries.get((f.kind, f.signal))
                 if carry is None:  # not setdefault: a Carry is eight arrays to build
                     carry = self._carries[(f.kind, f.signal)] = Carry()
-                scan(f, carry, start, names, th.patience, self._events, start - lo)
+                found_all.append((f, carry, start - lo))
+        scan_all(found_all, start, names, th.patience, self._events)
         self.steps_done = stop
         self._sorted = None
         return sorted(self._events[before:] + self._judge_last_update(trace), key=_order)

@@ -23,7 +23,7 @@ class ScanSchedule:
     sampled step either way, and a deep stack's half-dead layers cross at most sampled
     steps, each crossing a scan of several ms. Batching changes when events are found,
     never which (the scan is chunk-invariant), so `stop_on` stops at the step of a sudden
-    failure and soon after a slow one. A scan costs about 3 ms however few its new steps
+    failure and soon after a slow one. A scan costs a few ms however few its new steps
     (the detectors' fixed numpy work), so a small budget mostly means fewer, larger
     batches. While a view follows the run (a listener of the Run: the panel, a framework
     callback), which reads what detection has found, scans come at the view's pace

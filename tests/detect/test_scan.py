@@ -12,7 +12,7 @@ from traces import N, build, noisy, of
 import neuraldbg_nb as ndbg
 from neuraldbg_nb.detect import detect
 from neuraldbg_nb.detect import scan as scan_module
-from neuraldbg_nb.detect.scan import HOLD, OK, WARNING, Carry, Finding, last_ok_rows, scan
+from neuraldbg_nb.detect.scan import HOLD, OK, WARNING, Carry, Finding, last_ok_rows, scan, scan_all
 
 
 def test_vanishing_needs_patience_and_is_reported_at_its_first_step():
@@ -149,3 +149,51 @@ def test_a_healthy_chunk_leaves_the_machine_as_the_general_walk_does(monkeypatch
     empty = np.zeros((4, 0), np.int8)
     scan(Finding("k", "s", empty, empty.astype(float), lambda *a: "m"), Carry(), 0, [], 2, none)
     assert none == []
+
+
+def test_findings_scanned_together_leave_each_machine_as_one_by_one():
+    """`scan_all` reads the healthy findings of a chunk side by side: every carry, and the
+    events of the findings that fire or wait among them, come out as from `scan` of each
+    finding in turn, chunk after chunk (findings of several widths and dtypes, with rows
+    of history before the chunk, one of another length)."""
+    widths, history = [3, 1, 5, 2], [0, 2, 0, 1]
+    names = [(f"l{j}", f"l{j}") for j in range(5)]
+
+    def chunk(n: int, fire: int | None, seed: int) -> list[tuple[Finding, int]]:
+        g = np.random.default_rng(seed)
+        found = []
+        for i, (w, h) in enumerate(zip(widths, history)):
+            codes = g.choice(np.array([HOLD, OK, OK], np.int8), (n + h, w))
+            if i == fire:
+                codes[h:, w - 1] = WARNING
+            values = g.normal(size=(n + h, w)).astype(np.float32 if i % 2 else np.float64)
+            values[g.random((n + h, w)) < 0.3] = np.nan
+            found.append((Finding(f"k{i}", "s", codes, values, lambda *a: "m", patience=2), h))
+        odd = g.choice(np.array([OK, HOLD], np.int8), (n + 3, 2))  # three more rows
+        found.append((Finding("odd", "s", odd, g.normal(size=(n + 3, 2)), lambda *a: "m"), 0))
+        return found
+
+    chunks = [chunk(1, None, 1), chunk(7, None, 2), chunk(3, 2, 3), chunk(5, None, 4),
+              chunk(30, None, 5), chunk(2, 0, 6), chunk(64, None, 7), chunk(80, None, 8)]
+
+    def scanned(together: bool) -> tuple[list, list[Carry]]:
+        carries = [Carry() for _ in range(len(widths) + 1)]
+        events: list = []
+        step = 0
+        for found in chunks:
+            items = [(f, c, h) for (f, h), c in zip(found, carries)]
+            if together:
+                scan_all(items, step, names, 2, events)
+            else:
+                for f, c, h in items:
+                    scan(f, c, step, names, 2, events, h)
+            step += found[0][0].codes.shape[0] - found[0][1]
+        return events, carries
+
+    events, carries = scanned(True)
+    one_by_one, alone = scanned(False)
+    assert [(e.kind, e.layer, e.step) for e in events] == [("k2", "l4", 8), ("k0", "l2", 46)]
+    assert events == one_by_one
+    for a, b in zip(carries, alone):
+        for name in vars(b):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), name)
