@@ -1,9 +1,10 @@
 """When the live panel sends the run (`PanelBudget`): on the measured cost of its updates.
 
 Every update is timed (building the state and sending it: the time the panel's Python takes
-from the training) and paid from a credit that grows by `BUDGET` of the wall time, so the
-panel takes at most `BUDGET` of the cell's time whatever the step rate and the size of the
-state. A full update (the map, the feed, the header) goes when the credit covers the last
+from the training) and paid from a credit that grows by `BUDGET` of the wall time from
+nothing when the panel is shown, so the panel takes at most `BUDGET` of the cell's time
+whatever the step rate and the size of the state; the updates sent whatever the budget
+are paid from it too, and the next ones wait until they are paid for. A full update (the map, the feed, the header) goes when the credit covers the last
 full update's cost, at most `MAX_RATE` times a second. Where the budget allows fewer than
 one a second (a large state on a slow machine), a header update (step, status, loss, cost:
 a few hundred bytes) goes in between, so that the panel refreshes at least every
@@ -81,8 +82,8 @@ class PanelBudget:
         return max(self.full_cost, self.budget * MAX_GAP)
 
     def _accrue(self, now: float) -> None:
-        if self._credited_at is None:  # the first update: one full update's worth
-            self._credit = self._cap()
+        if self._credited_at is None:  # the first update: nothing yet (it is forced)
+            self._credit = 0.0
         else:
             self._credit = min(self._cap(),
                                self._credit + self.budget * (now - self._credited_at))

@@ -173,6 +173,34 @@ def test_the_pace_follows_the_measured_cost() -> None:
     assert b.seconds <= 0.02 * now[0] + 0.035
 
 
+def test_updates_sent_whatever_the_budget_are_paid_for_before_the_next_one() -> None:
+    """On a clock: the panel shown (a forced update of 10 ms) and the first step's (10 ms
+    more) are paid from the credit, which starts empty: at a 2% budget the next full
+    update of 10 ms waits until 1.5 s of steps have paid for the three, and a step every
+    10 ms gets a header update in between, a second after the last update: a cell of
+    half a second sends the two and its final one alone."""
+    now = [0.0]
+    b = PanelBudget(0.02, clock=lambda: now[0])
+
+    def send(kind: str, forced: bool) -> None:
+        started = now[0]
+        now[0] += 0.010 if kind == "full" else 0.0002
+        b.paid(kind, started, forced=forced)
+
+    send("full", True)  # the panel shown
+    sent: list[tuple[float, str]] = []
+    for step in range(300):  # 3 s of 10 ms steps
+        now[0] += 0.010
+        kind = "full" if step == 0 else b.due()
+        if kind is not None:
+            sent.append((now[0], kind))
+            send(kind, step == 0)
+    full = [t for t, k in sent if k == "full"]
+    assert full[0] < 0.03 and full[1] >= 1.5, full
+    assert [k for t, k in sent if t < 1.5] == ["full", "header"] and sent[1][0] > 0.9, sent
+    assert b.seconds <= 0.02 * now[0] + 0.010
+
+
 def test_a_budget_outside_zero_and_one_is_refused() -> None:
     with pytest.raises(ValueError, match="fraction of the wall time"):
         PanelBudget(2.0)
