@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib.util
 import statistics
 import sys
@@ -84,7 +83,7 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
         runs[name] = (b, package, package.watch(b.model, report=False, **watch_kwargs))
 
     def block(b: ob.Bench, w, n: int = steps) -> float:
-        gc.collect()
+        ob.settle()
         start = clock()
         with w or contextlib.nullcontext():
             for _ in range(n):
@@ -101,6 +100,7 @@ def compare(key: str, versions: dict[str, ModuleType], rounds: int, steps: int, 
     names = list(runs)
     ratios: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
+        ob.settle(full=True)
         for name in (names if r % 2 == 0 else names[::-1]):
             b = runs[name][0]
             p1, m1, m2, p2 = (block(b, None), block(b, watched(name)), block(b, watched(name)),

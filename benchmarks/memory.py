@@ -12,7 +12,7 @@
    plain (no watch), `capture_mb=0`, 16, 64 and (full mode) 256, plus a control pair
    (0 and 256) run with glibc's MALLOC_MMAP_THRESHOLD_ fixed at 128 KiB, which separates
    what the store holds from what the allocator keeps; each baseline (capture_mb=0) runs
-   in three children and the median one is used (`BASELINE_RUNS`). The child reports its
+   in three children and the median one is used (`BASELINE_RUNS`; --quick: one). The child reports its
    peak RSS (`ru_maxrss` / VmHWM, the kernel's high-water mark of resident memory, which
    includes the interpreter, torch and the training itself) and, from a wrapper around its
    `CaptureStore.add`, the store's accounted bytes after every add, the bytes its tensors
@@ -281,10 +281,12 @@ way; the row uses the median of three, and prints all three. With a fixed mmap t
 both vary by less than 1 MB."""
 
 
-def capture_table(configs: list[str], steps: int, width: int, batch: int, every: int
-                  ) -> dict[str, bool]:
+def capture_table(configs: list[str], steps: int, width: int, batch: int, every: int,
+                  baseline_runs: int = BASELINE_RUNS) -> dict[str, bool]:
     """`configs`: "plain", or a capture_mb, with "+mmap" for the fixed-threshold control
-    (compared with the "0+mmap" row rather than "0"). Returns whether each claim held:
+    (compared with the "0+mmap" row rather than "0"); `baseline_runs`: children per
+    baseline row (`BASELINE_RUNS`; one in the quick mode, which checks that the script
+    runs, not its verdict). Returns whether each claim held:
     "store" (its bytes within the budget), "rss" and "rss+mmap" (peak RSS growth within
     budget + slack with glibc's default settings, and with the fixed threshold)."""
     def one(c: str) -> dict:
@@ -293,7 +295,7 @@ def capture_table(configs: list[str], steps: int, width: int, batch: int, every:
                    env=FIXED_MMAP if env else None)
         return {**r, "label": c}
 
-    runs = [c for c in configs for _ in range(BASELINE_RUNS if c in BASELINES else 1)]
+    runs = [c for c in configs for _ in range(baseline_runs if c in BASELINES else 1)]
     by_label: dict[str, list[dict]] = {}
     for r in POOL.map(one, runs):
         by_label.setdefault(r["label"], []).append(r)
@@ -418,7 +420,7 @@ def main() -> None:
           + (f", {CHILD_ENV['OMP_NUM_THREADS']} torch threads each" if jobs > 1 else "")
           + ")\n")
     print("## Capture budget: peak RSS\n")
-    cap = capture_table(configs, *train)
+    cap = capture_table(configs, *train, baseline_runs=1 if args.quick else BASELINE_RUNS)
     print("## Trace bound\n")
     trace_ok = trace_table(sizes, trace_mb)
     print(f"capture store within its budget: {_said(cap['store'])}; peak RSS growth within "

@@ -397,10 +397,19 @@ away; with `--threads 1` it equals the wall time of an unshared run and is much 
 PyTorch's parallel kernels, so use it with `--threads 1`.)"""
 
 
+def settle(full: bool = False) -> None:
+    """Collect the garbage of the blocks before, outside the timing: before each block
+    the young generations, where what a block leaves lies; at the start of each round
+    everything (`full`). A full collection walks every object of the process, about
+    0.3 s once PyTorch's compiler modules are imported (its optimizers import them): one
+    per block spent most of a short run collecting."""
+    gc.collect() if full else gc.collect(1)
+
+
 def run_block(b: Bench, c: Config, steps: int, clock: Callable[[], float]) -> float:
     """Seconds per step for `steps` steps of config c (inside its context, not counting
     entering or leaving it)."""
-    gc.collect()
+    settle()
     with c.enter(b) as run:
         if run is not None:
             c.runs[b.key] = run
@@ -541,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             run_block(b, plain_cfg, warmup, clock)
             run_block(b, c, warmup, clock)
         for r in range(rounds):
+            settle(full=True)
             for c in others[r % len(others):] + others[: r % len(others)]:
                 b = copies[k][c.key]
                 p1 = run_block(b, plain_cfg, steps, clock)
