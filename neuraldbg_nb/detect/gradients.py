@@ -6,9 +6,8 @@ import math
 
 import numpy as np
 
-from ..trace.columns import Trace
+from ..trace.columns import FROZEN, Trace
 from .baseline import lagged, log_level, trailing_stats
-from .membership import FROZEN
 from .ran import ran as layers_ran
 from .scan import ERROR, HOLD, INFO, OK, WARNING, Finding, fmt, grade
 from .thresholds import Thresholds

@@ -15,24 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace.columns import Trace
+from ..trace.columns import DETACHED, FROZEN, MODEL_CUT, REPLACED, UNTRAINED_MODEL, UNUSED, Trace
 from .ran import ran as layers_ran
 from .scan import ERROR, INFO, WARNING, Finding, grade
 from .thresholds import Thresholds
-
-REPLACED = 2.0
-UNTRAINED_MODEL = 3.0
-"""`grad_unheld`'s values besides 1 (`record.membership`): the layer was replaced after
-the optimizer was built; the layer's whole model is held by no optimizer."""
-MODEL_CUT = 2.0
-UNUSED = 3.0
-FROZEN = 4.0
-DETACHED = 5.0
-"""`grad_cut`'s values besides 1 (`record.membership`): no layer of the model got a
-gradient; a layer before it in its model did (an output the loss does not use); its
-weights are frozen, though an optimizer holds them (`gradients._frozen` says it); a layer
-before it did, and its output changes the model's output (the step replayed with it
-changed), so it enters it only detached."""
 
 
 def _message(name: str, step: int, v: float, previous: float, severity: str) -> str:

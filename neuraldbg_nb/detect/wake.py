@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..trace.columns import Trace
+from ..trace.columns import UNTRAINED_MODEL, Trace
 from .gradients import SLOW_MARGIN, explode_line
-from .membership import UNTRAINED_MODEL
 from .ran import hooked
 from .thresholds import Thresholds
 

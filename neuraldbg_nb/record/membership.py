@@ -23,41 +23,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..trace.columns import (
+    CUT,
+    DETACHED,
+    FROZEN,
+    MODEL_CUT,
+    REPLACED,
+    UNHELD,
+    UNTRAINED_MODEL,
+    UNUSED,
+)
 from .discovery import Models
 
-UNHELD = 1.0
-"""`grad_unheld` of a layer whose weights with a gradient no optimizer holds."""
-REPLACED = 2.0
-"""`grad_unheld` of such a layer where an optimizer that trains the watched models also
-holds weights they no longer have: the layer was replaced after the optimizer was built."""
-CUT = 1.0
-"""`grad_cut` of a layer held by an optimizer and trainable that got no gradient at the
-step while a layer after it in its model did: its output reaches the loss only through a
-`.detach()` (or not at all)."""
-MODEL_CUT = 2.0
-"""`grad_cut` of such a layer where no layer of its model got a gradient (a generator
-trained on `fake.detach()`)."""
-UNUSED = 3.0
-"""`grad_cut` of such a layer where a layer before it in its model got a gradient: an
-output the loss does not use (a pooler, a head trained in turn)."""
-FROZEN = 4.0
-"""`grad_cut` of a layer held by an optimizer whose weights are all frozen
-(`requires_grad` off): it cannot train, by design (a frozen backbone handed to the
-optimizer with the rest) or by mistake."""
-DETACHED = 5.0
-"""`grad_cut` of a layer that would be `UNUSED` but whose output changes the model's
-output (`replay.Replay.reaches`): it enters it only detached (a residual branch added as
-`h + block(h).detach()`), so its weights never train."""
 REACH_TESTS = 16
 """Layers whose output is replayed changed (`Membership.cut`'s `reaches`) at one step at
 most; the others are asked at the next steps."""
 REACH_TRIES = 3
 """Steps a layer's output is asked about where the replay cannot tell (no call of the
 model heard in the step, a replay refused there), before its answer stays unknown."""
-UNTRAINED_MODEL = 3.0
-"""`grad_unheld` of a layer of a watched model none of whose weights any optimizer holds (a
-perceptual-loss network or a teacher left trainable): its gradients are computed for
-nothing, but no training is broken."""
 
 
 def keeps_state(opt: torch.optim.Optimizer) -> bool:

@@ -129,6 +129,36 @@ REAPPLIED = 2.0
 """The `grad_carried` value of a step that heard no backward and whose gradients are the
 very ones the last step applied, untouched: `optimizer.step()` called twice."""
 
+UNHELD = 1.0
+"""`grad_unheld` of a layer whose weights with a gradient no optimizer holds
+(`record.membership`)."""
+REPLACED = 2.0
+"""`grad_unheld` of such a layer where an optimizer that trains the watched models also
+holds weights they no longer have: the layer was replaced after the optimizer was built."""
+UNTRAINED_MODEL = 3.0
+"""`grad_unheld` of a layer of a watched model none of whose weights any optimizer holds (a
+perceptual-loss network or a teacher left trainable): its gradients are computed for
+nothing, but no training is broken."""
+
+CUT = 1.0
+"""`grad_cut` of a layer held by an optimizer and trainable that got no gradient at the
+step while a layer after it in its model did: its output reaches the loss only through a
+`.detach()` (or not at all)."""
+MODEL_CUT = 2.0
+"""`grad_cut` of such a layer where no layer of its model got a gradient (a generator
+trained on `fake.detach()`)."""
+UNUSED = 3.0
+"""`grad_cut` of such a layer where a layer before it in its model got a gradient: an
+output the loss does not use (a pooler, a head trained in turn)."""
+FROZEN = 4.0
+"""`grad_cut` of a layer held by an optimizer whose weights are all frozen
+(`requires_grad` off): it cannot train, by design (a frozen backbone handed to the
+optimizer with the rest) or by mistake."""
+DETACHED = 5.0
+"""`grad_cut` of a layer that would be `UNUSED` but whose output changes the model's
+output (`record.replay.Replay.reaches`): it enters it only detached (a residual branch
+added as `h + block(h).detach()`), so its weights never train."""
+
 ROLES = ("relu", "bounded", "other")
 """Layer roles that make activation rules type-aware: dead units only mean something
 after ReLU-like layers, saturation only after bounded activations."""
