@@ -192,7 +192,7 @@ def scan_all(found: list[tuple[Finding, Carry, int]], first_step: int,
     values are a few ops for all of them instead of a few for each (a scan reads some
     fifty findings). They add no event; the others take `scan`."""
     rows = [f.codes.shape[0] - skip for f, _, skip in found]
-    n = rows[0] if rows else 0
+    n = Counter(rows).most_common(1)[0][0] if rows else 0  # the chunk's rows
     carries = Counter(id(c) for _, c, _ in found)  # (a carry two findings share: in turn)
     batched = [0 < r == n <= SHORTCUT_ROWS and f.codes.shape[1] > 0 and carries[id(c)] == 1
                for r, (f, c, _) in zip(rows, found)]

@@ -4,8 +4,9 @@ Every update is timed (building the state and sending it: the time the panel's P
 from the training) and paid from a credit that grows by `BUDGET` of the wall time from
 nothing when the panel is shown, so the panel takes at most `BUDGET` of the cell's time
 whatever the step rate and the size of the state; the updates sent whatever the budget
-are paid from it too, and the next ones wait until they are paid for. A full update (the map, the feed, the header) goes when the credit covers the last
-full update's cost, at most `MAX_RATE` times a second. Where the budget allows fewer than
+are paid from it too, and the next ones wait until they are paid for. A full update
+(the map, the feed, the header) goes when the credit covers the last full update's
+cost, at most `MAX_RATE` times a second. Where the budget allows fewer than
 one a second (a large state on a slow machine), a header update (step, status, loss, cost:
 a few hundred bytes) goes in between, so that the panel refreshes at least every
 `MAX_GAP` seconds; the map follows at the pace the budget allows. Updates go after a

@@ -170,7 +170,7 @@ def test_findings_scanned_together_leave_each_machine_as_one_by_one():
             values[g.random((n + h, w)) < 0.3] = np.nan
             found.append((Finding(f"k{i}", "s", codes, values, lambda *a: "m", patience=2), h))
         odd = g.choice(np.array([OK, HOLD], np.int8), (n + 3, 2))  # three more rows
-        found.append((Finding("odd", "s", odd, g.normal(size=(n + 3, 2)), lambda *a: "m"), 0))
+        found.insert(0, (Finding("odd", "s", odd, g.normal(size=(n + 3, 2)), lambda *a: "m"), 0))
         return found
 
     chunks = [chunk(1, None, 1), chunk(7, None, 2), chunk(3, 2, 3), chunk(5, None, 4),
@@ -187,7 +187,7 @@ def test_findings_scanned_together_leave_each_machine_as_one_by_one():
             else:
                 for f, c, h in items:
                     scan(f, c, step, names, 2, events, h)
-            step += found[0][0].codes.shape[0] - found[0][1]
+            step += found[1][0].codes.shape[0] - found[1][1]
         return events, carries
 
     events, carries = scanned(True)
