@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="cnn,mlp121", help=f"of {', '.join(MODELS)}")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=150, help="optimizer steps of each fit")
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 12 steps (a check)")
+    ap.add_argument("--quick", action="store_true", help="1 round of 8 steps (a check)")
     ap.add_argument("--markdown", action="store_true", help="a markdown table")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    rounds, steps = (2, 12) if args.quick else (args.rounds, args.steps)
+    rounds, steps = (1, 8) if args.quick else (args.rounds, args.steps)
 
     warnings.simplefilter("ignore")  # Lightning's advice on workers and loggers
     for name in ("lightning", "lightning.pytorch"):

@@ -9,7 +9,7 @@
    from a copy, and that step's update skipped), so activation jumps fire in every later
    layer again and again and each one copies that layer's input, output, weights and
    gradients into the capture store. Each configuration runs in its own subprocess:
-   plain (no watch), `capture_mb=0`, 16, 64 and (full mode) 256, plus a control pair
+   plain (no watch), `capture_mb=0`, 64 and (full mode) 16 and 256, plus a control pair
    (0 and 256) run with glibc's MALLOC_MMAP_THRESHOLD_ fixed at 128 KiB, which separates
    what the store holds from what the allocator keeps; each baseline (capture_mb=0) runs
    in three children and the median one is used (`BASELINE_RUNS`; --quick: one). The child reports its
@@ -405,7 +405,7 @@ def main() -> None:
     if jobs > 1:
         CHILD_ENV["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
     if args.quick:
-        configs = ["plain", "0", "16", "64"]
+        configs = ["plain", "0", "64"]
         train = (40, 128, 2048, 15)
         sizes = [(50, 0), (100, 0)]  # 0: 1.2 x the steps that fill the exact tail
     else:

@@ -6,7 +6,8 @@ layer "2" weights are multiplied by 1000 at step 30 of 60, each under its own `%
 cell, a `%%neuraldbg --help` cell and a `%%neuraldbg` cell that trains nothing. Checked:
 each panel's hint names its own run (`ndbg.runs[i]`) and the kernel agrees; the header's
 step matches the map's axis; the cell that trained nothing says so; the inspector shows its
-charts within `INSPECTOR_S` of a click once the kernel has made them; in JupyterLab, the dark theme reaches the charts'
+charts within `INSPECTOR_S` of a click once the kernel has made them (timed in JupyterLab,
+which runs alone); in JupyterLab, the dark theme reaches the charts'
 text and the panel reads at 800 px without sideways scrolling or a scroll box of its own
 in the inspector; after saving, restarting the kernel and reloading, the cell's output
 still names the first failure. Screenshots go to tests/artifacts/trust-<ui>/.
@@ -63,7 +64,10 @@ def _luminance(css_color: str) -> float:
     return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
 
 
-@pytest.mark.parametrize("ui", [LAB, NOTEBOOK7], ids=lambda ui: ui.name)
+@pytest.mark.parametrize("ui", [
+    pytest.param(LAB, marks=pytest.mark.timed),  # (the click's latency, `INSPECTOR_S`: alone)
+    NOTEBOOK7,  # (the same panel; its latency is timed in JupyterLab, beside no neighbour)
+], ids=lambda ui: ui.name)
 def test_panels_tell_the_truth(jupyter: tuple[Server, Any], ui: UI) -> None:  # noqa: F811
     server, browser = jupyter
     with _page(server, browser, ui, CELLS, f"trust-{ui.name}") as (page, notebook, out):
@@ -145,7 +149,8 @@ def _drive(server: Server, page: Any, ui: UI, notebook: str, out: Path) -> None:
         assert "RUNS 3" in text and "A_EVENTS 0" in text, text
         assert re.search(r"A_SEL 2\b", text), text
         assert "B_SEL ('2', 30)" in text and "B_FIRST ('2', 30)" in text, text
-        assert report["inspector_s"] < INSPECTOR_S, report
+        if ui is LAB:
+            assert report["inspector_s"] < INSPECTOR_S, report
 
         if ui is LAB:
             _dark_and_narrow(page, broken, out, report)

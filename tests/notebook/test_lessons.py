@@ -115,7 +115,6 @@ def _text(cell: dict) -> str:
 
 
 @pytest.mark.lessons
-@pytest.mark.timed  # (a lesson runs in under a minute)
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_notebook_runs_and_its_lesson_holds(name: str, kernel_env: None) -> None:
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
