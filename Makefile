@@ -28,15 +28,12 @@ test: setup browser
 	npm run typecheck
 	npm test
 	$(VENV)/bin/ruff check neuraldbg_nb tests benchmarks notebooks
+	$(VENV)/bin/mypy neuraldbg_nb
 	$(VENV)/bin/lint-imports
 	# two at a time (browsers, kernels and torchrun among them: their waits bound a hang, not
-	# the speed), with mypy beside them (a minute and a half on a cold cache: it fills the
-	# room their waits leave); then one at a time what a neighbour would slow past its
-	# bounds: the tests that assert on wall-clock time (`timed`)
-	$(VENV)/bin/mypy neuraldbg_nb > $(VENV)/mypy.out 2>&1 & typed=$$!; \
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not timed"; tested=$$?; \
-	wait $$typed; checked=$$?; echo "mypy neuraldbg_nb:"; cat $(VENV)/mypy.out; \
-	test $$tested -eq 0 -a $$checked -eq 0
+	# the speed), then one at a time what a neighbour would slow past its bounds: the tests
+	# that assert on wall-clock time (`timed`)
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not timed"
 	$(PY) -m pytest -q -m "timed"
 
 # the edit-test loop: the Python tests without a browser, notebooks, torchrun, benchmark

@@ -24,7 +24,7 @@ try:
     import lightning.pytorch as pl
 except ImportError:  # the standalone package
     try:
-        import pytorch_lightning as pl  # type: ignore[no-redef]
+        import pytorch_lightning as pl
     except ImportError as e:
         raise ImportError("neuraldbg_nb.integrations.lightning needs Lightning: "
                           "pip install lightning") from e
