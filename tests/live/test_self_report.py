@@ -139,6 +139,7 @@ def test_the_engine_s_work_outside_the_step_boundary_is_counted(monkeypatch):
     assert run.overhead is not None and run.overhead.own_ms >= 4.0, run.overhead
 
 
+@pytest.mark.timed  # (the whole run's share beside the per-step one, both on the wall clock)
 def test_the_whole_run_counts_its_start_its_end_and_every_step():
     """`Overhead.whole`: the engine's time over the whole run, its warm-up, reference
     steps, the block's end (made to take 50 ms: the final scan) and time spent outside
