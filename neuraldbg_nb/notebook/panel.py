@@ -50,12 +50,12 @@ def _static(name: str) -> Any:
 
 
 def _warm_charts(run: Run | None) -> None:
-    """In the background: import and start the chart renderer (seconds, once a process),
-    and with `run`, the run being over, make the inspector of its first failure
+    """In the background: start the chart renderer (about a second, once a process), and
+    with `run`, the run being over, make the inspector of its first failure
     (`inspector.prepare`), so the first click on an event does not wait for either.
-    Started when training ends, or with the panel of a finished run: the imports hold the
-    interpreter for a second or two, and started with a training's panel they delayed its
-    first steps by as much (the first paint of a 120-layer MLP came after 2.5 s)."""
+    Started when training ends, or with the panel of a finished run: started with a
+    training's panel, the work would compete with the training's first steps and delay
+    the panel's first paint."""
     def warm() -> None:
         try:
             from .inspector import prepare, warm_up
